@@ -1,0 +1,36 @@
+# The two commands of the README: `make run` (the demo) and `make test` (the suite).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned so pip takes the local CPU build instead of downloading a CUDA one.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: run test bench lint venv clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+venv: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+run: venv
+	$(BIN)/python -m evdb.demo
+
+test: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python -m pytest -q
+
+bench: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH_PIN) psutil
+	$(BIN)/pip install -q -e .
+	$(BIN)/python bench/bench_lookup.py
+
+lint: $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/ruff check evdb tests bench
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,50 @@
+"""evdb: a tiered-storage embedding database for dynamic ID spaces.
+
+The public surface is exactly ``__all__``.
+"""
+
+from __future__ import annotations
+
+from evdb import admission, optim
+from evdb import initializers as init
+from evdb.config import DramConfig, TableConfig
+from evdb.database import Database, open
+from evdb.errors import (
+    CapacityError,
+    ConfigError,
+    CorruptDataError,
+    DatabaseClosedError,
+    DatabaseLockedError,
+    EvdbError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from evdb.keys import hash_strings
+from evdb.table import Pulled, Table
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CapacityError",
+    "ConfigError",
+    "CorruptDataError",
+    "Database",
+    "DatabaseClosedError",
+    "DatabaseLockedError",
+    "DramConfig",
+    "EvdbError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "Pulled",
+    "Table",
+    "TableConfig",
+    "TableExistsError",
+    "TableNotFoundError",
+    "admission",
+    "hash_strings",
+    "init",
+    "open",
+    "optim",
+]

@@ -1,0 +1,142 @@
+"""Frozen, validated, I/O-free table configuration: one dataclass per concern.
+
+A tier is present or absent (``TableConfig.dram`` today; ``hbm`` and ``rocks`` arrive with their
+tiers), never switched on by a flag. "Off" and "forever" are spelled ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from evdb import admission as _admission
+from evdb import initializers as _init
+from evdb import optim as _optim
+from evdb.errors import ConfigError
+from evdb.keys import KEY_TYPES, KeyType
+
+__all__ = ["DramConfig", "TableConfig"]
+
+Eviction = Literal["lfu", "lru"]
+MAX_DIM = 65536
+
+
+def parse_optional_int(name: str, value: Any, low: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an int or None, got {value!r}")
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low} or None, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class DramConfig:
+    """The DRAM tier: a numpy row slab behind a numba hash index."""
+
+    capacity_rows: int | None = None
+    """Most rows the tier holds; None = unbounded (grows without a vocabulary size)."""
+    eviction: Eviction = "lfu"
+    """Victim score: "lfu" (pull count halved every ``half_life_steps``) or "lru" (last step)."""
+    half_life_steps: int = 1000
+    """LFU ageing: a row's frequency counts half after this many steps without a touch."""
+    evict_fraction: float = 0.05
+    """When full, evict down to (1 - evict_fraction) * capacity at once, to amortise the scan."""
+
+    def __post_init__(self) -> None:
+        parse_optional_int("dram.capacity_rows", self.capacity_rows, 1)
+        if self.eviction not in ("lfu", "lru"):
+            raise ConfigError(f"dram.eviction must be 'lfu' or 'lru', got {self.eviction!r}")
+        parse_optional_int("dram.half_life_steps", self.half_life_steps, 1)
+        if not isinstance(self.evict_fraction, float) or not 0.0 <= self.evict_fraction < 1.0:
+            raise ConfigError(
+                f"dram.evict_fraction must be a float in [0, 1), got {self.evict_fraction!r}"
+            )
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """Everything that defines a table; persisted with the database."""
+
+    dim: int
+    """Embedding width, in [1, 65536]."""
+    key_type: KeyType = "int64"
+    """"int64", or "str" (keys hashed with xxh3-64 of their UTF-8 bytes)."""
+    initializer: _init.Initializer = field(default_factory=lambda: _init.Normal(0.0, 0.01, 0))
+    """Start value of a row, a pure function of (seed, key, column)."""
+    admission: _admission.AdmissionPolicy = field(default_factory=_admission.AdmitAll)
+    """Which pulled keys earn a row."""
+    optimizer: _optim.Optimizer = field(default_factory=_optim.SGD)
+    """The update ``push`` applies in place."""
+    ttl_steps: int | None = None
+    """Rows untouched for more than this many global steps expire; None = never."""
+    l2_threshold: float | None = None
+    """``compact()`` removes rows whose L2 norm is below this; None = never."""
+    default_value: Literal["init"] | float = "init"
+    """What a key without a row reads: "init" (its initializer value) or a constant."""
+    dram: DramConfig = field(default_factory=DramConfig)
+    """The DRAM tier."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or not 1 <= self.dim <= MAX_DIM:
+            raise ConfigError(f"dim must be an int in [1, {MAX_DIM}], got {self.dim!r}")
+        if self.key_type not in KEY_TYPES:
+            raise ConfigError(f"key_type must be one of {KEY_TYPES}, got {self.key_type!r}")
+        for name, kind in (
+            ("initializer", _init.Initializer),
+            ("admission", _admission.AdmissionPolicy),
+            ("optimizer", _optim.Optimizer),
+            ("dram", DramConfig),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}")
+        parse_optional_int("ttl_steps", self.ttl_steps, 0)
+        if self.l2_threshold is not None and (
+            isinstance(self.l2_threshold, bool)
+            or not isinstance(self.l2_threshold, (int, float))
+            or not math.isfinite(self.l2_threshold)
+            or self.l2_threshold < 0
+        ):
+            raise ConfigError(
+                f"l2_threshold must be a finite number >= 0 or None, got {self.l2_threshold!r}"
+            )
+        dv = self.default_value
+        if dv != "init" and (
+            isinstance(dv, bool) or not isinstance(dv, (int, float)) or not math.isfinite(dv)
+        ):
+            raise ConfigError(f"default_value must be 'init' or a finite number, got {dv!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "key_type": self.key_type,
+            "initializer": self.initializer.to_dict(),
+            "admission": self.admission.to_dict(),
+            "optimizer": self.optimizer.to_dict(),
+            "ttl_steps": self.ttl_steps,
+            "l2_threshold": self.l2_threshold,
+            "default_value": self.default_value,
+            "dram": {
+                "capacity_rows": self.dram.capacity_rows,
+                "eviction": self.dram.eviction,
+                "half_life_steps": self.dram.half_life_steps,
+                "evict_fraction": self.dram.evict_fraction,
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TableConfig:
+        return cls(
+            dim=d["dim"],
+            key_type=d["key_type"],
+            initializer=_init.from_dict(d["initializer"]),
+            admission=_admission.from_dict(d["admission"]),
+            optimizer=_optim.from_dict(d["optimizer"]),
+            ttl_steps=d["ttl_steps"],
+            l2_threshold=d["l2_threshold"],
+            default_value=d["default_value"],
+            dram=DramConfig(**d["dram"]),
+        )

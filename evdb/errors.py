@@ -1,0 +1,50 @@
+"""Every exception evdb raises.
+
+All of them derive from :class:`EvdbError`; where a builtin also fits, they inherit it too,
+so ``except ValueError`` keeps working for callers that do not know evdb.
+"""
+
+from __future__ import annotations
+
+
+class EvdbError(Exception):
+    """Base class of every evdb error."""
+
+
+class ConfigError(EvdbError, ValueError):
+    """A configuration value is out of range or inconsistent."""
+
+
+class InvalidArgumentError(EvdbError, ValueError):
+    """An argument has the right type but a bad value (NaN, wrong shape, bad offsets...)."""
+
+
+class InvalidTypeError(EvdbError, TypeError):
+    """An argument has the wrong type or dtype."""
+
+
+class TableNotFoundError(EvdbError, KeyError):
+    """No table of that name exists in the database."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class TableExistsError(EvdbError, ValueError):
+    """A table of that name already exists."""
+
+
+class CapacityError(EvdbError, ValueError):
+    """A batch needs more resident rows than the tier can hold and there is nowhere to spill."""
+
+
+class DatabaseLockedError(EvdbError, RuntimeError):
+    """Another process (or another open handle) holds the database directory for writing."""
+
+
+class DatabaseClosedError(EvdbError, RuntimeError):
+    """The database was closed; its tables can no longer be used."""
+
+
+class CorruptDataError(EvdbError, RuntimeError):
+    """A file of the database is damaged or of an unknown format."""

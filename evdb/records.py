@@ -1,0 +1,87 @@
+"""The one canonical row layout, shared by every tier, checkpoint and export.
+
+A row record is, little-endian and packed (no padding)::
+
+    value[dim] <f4 | slots[n_slots] <f4 | freq <u4 | last_step <i8 | version <u8
+
+``freq`` counts training pulls (saturating at 2**32 - 1), ``last_step`` is the global step of the
+last pull/push/upsert, ``version`` the table-wide mutation counter when the row last changed.
+The key is not part of the record: it is the record's address (the index key, the RocksDB key).
+
+Tiers keep the fields as separate column arrays (:class:`RecordBatch`) so kernels see plain
+float32 matrices; ``pack``/``unpack`` convert a whole batch with numpy views, never per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from evdb._types import Float32Array, Int64Array
+from evdb.errors import CorruptDataError
+
+FREQ_MAX = np.iinfo(np.uint32).max
+
+
+def record_dtype(dim: int, n_slots: int) -> np.dtype:
+    """The packed little-endian structured dtype of one record."""
+    return np.dtype(
+        [
+            ("value", "<f4", (dim,)),
+            ("slots", "<f4", (n_slots,)),
+            ("freq", "<u4"),
+            ("last_step", "<i8"),
+            ("version", "<u8"),
+        ]
+    )
+
+
+@dataclass
+class RecordBatch:
+    """Column view of n records.
+
+    values (n, dim) float32, slots (n, n_slots) float32, freq (n,) uint32,
+    last_step (n,) int64, version (n,) uint64.
+    """
+
+    values: Float32Array
+    slots: Float32Array
+    freq: np.ndarray
+    last_step: Int64Array
+    version: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    def pack(self) -> np.ndarray:
+        """Return the records as a (n,) structured array of ``record_dtype`` (canonical bytes)."""
+        out = np.empty(len(self), dtype=record_dtype(self.values.shape[1], self.slots.shape[1]))
+        out["value"] = self.values
+        out["slots"] = self.slots
+        out["freq"] = self.freq
+        out["last_step"] = self.last_step
+        out["version"] = self.version
+        return out
+
+    @classmethod
+    def unpack(cls, data: np.ndarray | bytes, dim: int, n_slots: int) -> RecordBatch:
+        """Read records from canonical bytes (or a structured array of ``record_dtype``)."""
+        dtype = record_dtype(dim, n_slots)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            if len(data) % dtype.itemsize:
+                raise CorruptDataError(
+                    f"record bytes: {len(data)} is not a multiple of the record size "
+                    f"{dtype.itemsize} (dim={dim}, slots={n_slots})"
+                )
+            data = np.frombuffer(data, dtype=dtype)
+        elif data.dtype != dtype:
+            raise CorruptDataError(f"records have dtype {data.dtype}, expected {dtype}")
+        n = data.shape[0]
+        return cls(
+            values=np.ascontiguousarray(data["value"], dtype=np.float32).reshape(n, dim),
+            slots=np.ascontiguousarray(data["slots"], dtype=np.float32).reshape(n, n_slots),
+            freq=data["freq"].astype(np.uint32),
+            last_step=data["last_step"].astype(np.int64),
+            version=data["version"].astype(np.uint64),
+        )

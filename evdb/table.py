@@ -1,0 +1,448 @@
+"""``Table``: the facade over a table's tiers, and the only place that knows a whole row.
+
+It validates input before anything changes, deduplicates keys, applies admission and TTL,
+stamps ``freq``/``last_step``/``version``, and runs the optimizer; the tier below only stores
+records. See the README's operations table for what each call does on a hit and on a miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.config import TableConfig
+from evdb.errors import CapacityError, InvalidArgumentError, InvalidTypeError
+from evdb.kernels import cpu
+from evdb.keys import normalize_keys
+from evdb.records import FREQ_MAX, RecordBatch
+from evdb.tiers import scoring
+from evdb.tiers.dram import DramTier
+
+if TYPE_CHECKING:
+    from evdb.database import Database
+
+__all__ = ["Pulled", "Table"]
+
+
+@dataclass(frozen=True, eq=False)
+class Pulled:
+    """What ``Table.pull`` returns: the batch's distinct keys and their rows.
+
+    A batch of n = 5 keys with u = 3 distinct ones::
+
+        keys given to pull   [ 7, 9, 7, 4, 9 ]
+        keys     (u,) int64  [ 7, 9, 4 ]          first-occurrence order
+        inverse  (n,) int64  [ 0, 1, 0, 2, 1 ]    keys[inverse] == the keys given
+        counts   (u,) int64  [ 2, 2, 1 ]
+        rows     (u, dim)    row values (the default value where not admitted)
+        admitted (u,) bool   which keys have a row (push drops gradients of the others)
+    """
+
+    keys: Int64Array
+    inverse: Int64Array
+    rows: Float32Array
+    admitted: BoolArray
+    counts: Int64Array
+    step: int
+    table: str
+
+
+def _float_matrix(x: Any, shape: tuple[int, int], arg: str) -> Float32Array:
+    """x as a C-contiguous float32 (n, dim) matrix with only finite values, or raise."""
+    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
+        raise InvalidTypeError(f"{arg} must be a float array, got dtype {arr.dtype}")
+    if arr.shape != shape:
+        raise InvalidArgumentError(f"{arg} must have shape {shape}, got {arr.shape}")
+    out = np.ascontiguousarray(arr, dtype=np.float32)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        raise InvalidArgumentError(f"{arg}[{i}, {j}] = {arr[i, j]} is not finite")
+    return out
+
+
+class Table:
+    """A dynamic embedding table: one row per admitted key, no vocabulary size.
+
+    Create tables with :meth:`evdb.Database.create_table`; don't construct them directly.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np, evdb
+    >>> with evdb.open(tempfile.mkdtemp()) as db:
+    ...     t = db.create_table("item", dim=4, admission=evdb.admission.Counter(min_count=2))
+    ...     p = t.pull([7, 9, 7])            # 7 reaches min_count 2 in this batch, 9 does not
+    ...     p.keys.tolist(), p.admitted.tolist(), len(t)
+    ([7, 9], [True, False], 1)
+    """
+
+    def __init__(self, db: Database, name: str, config: TableConfig) -> None:
+        self._db = db
+        self.name = name
+        self.config = config
+        self.dim = config.dim
+        self._optimizer = config.optimizer
+        self._admission = config.admission.new_state()
+        self._dram = DramTier(config.dim, config.optimizer.n_slots, config.dram)
+        self._version = 0  # table-wide mutation counter; rows record the value that changed them
+        self._pushes = 0
+        self._counters = {"not_admitted": 0, "expired_on_pull": 0, "dropped_gradients": 0}
+        self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
+        self._db._check_open()
+        return normalize_keys(keys, self.config.key_type, arg=arg)
+
+    def _min_live(self) -> int:
+        return scoring.min_live_step(self._db.step, self.config.ttl_steps)
+
+    def _bump_version(self) -> int:
+        self._version += 1
+        return self._version
+
+    def defaults(self, keys: Int64Array) -> Float32Array:
+        """The value (n, dim) float32 keys without a row read."""
+        dv = self.config.default_value
+        if dv == "init":
+            return self.config.initializer.values(keys, self.dim)
+        return np.full((keys.shape[0], self.dim), dv, dtype=np.float32)
+
+    def _dedup(self, keys: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+        n = keys.shape[0]
+        uniq = np.empty(n, dtype=np.int64)
+        inverse = np.empty(n, dtype=np.int64)
+        counts = np.zeros(n, dtype=np.int64)
+        u = cpu.unique_inverse(keys, uniq, inverse, counts)
+        return uniq[:u], inverse, counts[:u]
+
+    def _live_rows(self, keys: Int64Array) -> Int64Array:
+        """Rows of keys, -1 where absent or expired."""
+        rows = self._dram.locate(keys)
+        found = rows >= 0
+        found[found] = self._dram.last_step[rows[found]] >= self._min_live()
+        rows[~found] = -1
+        return rows
+
+    def _fresh_records(
+        self, keys: Int64Array, values: Float32Array, freq: Int64Array, version: int
+    ) -> RecordBatch:
+        n = keys.shape[0]
+        return RecordBatch(
+            values=values,
+            slots=self._optimizer.initial_slots(n),
+            freq=np.minimum(freq, FREQ_MAX).astype(np.uint32),
+            last_step=np.full(n, self._db.step, dtype=np.int64),
+            version=np.full(n, version, dtype=np.uint64),
+        )
+
+    def _drop_expired(self, keys: Int64Array) -> Int64Array:
+        """Rows of keys, after removing the expired ones (which then start afresh)."""
+        rows = self._dram.locate(keys)
+        found = rows >= 0
+        stale = found.copy()
+        stale[found] = self._dram.last_step[rows[found]] < self._min_live()
+        if stale.any():
+            self._dram.remove_rows(rows[stale])
+            rows[stale] = -1
+            self._counters["expired_on_pull"] += int(np.count_nonzero(stale))
+        return rows
+
+    def _check_room(self, keys: Int64Array, arg: str) -> None:
+        """Raise before any change if keys cannot all be resident with the pinned batch."""
+        cap = self._dram.capacity_rows
+        if cap is None:
+            return
+        rows = self._dram.locate(keys)
+        found = rows >= 0
+        pinned_here = np.zeros(rows.shape[0], dtype=bool)
+        pinned_here[found] = self._dram.is_pinned[rows[found]]
+        extra = int(np.count_nonzero(~pinned_here))
+        pinned = self._dram.n_pinned
+        if pinned + extra > cap:
+            raise CapacityError(
+                f"{arg}: {keys.shape[0]} distinct keys plus {pinned} rows of the batch in "
+                f"flight need {pinned + extra} resident rows, more than dram_rows={cap}, and "
+                "this table has no lower tier to spill to"
+            )
+
+    # -- read path ------------------------------------------------------------------------
+    def lookup(self, keys: Any, *, out: Float32Array | None = None) -> Float32Array:
+        """Read rows for inference: never creates rows, never counts toward admission.
+
+        Parameters
+        ----------
+        keys : (n,) int64 array-like, or a sequence of str for a str table
+        out : (n, dim) float32 C-contiguous array, optional
+            Written in place and returned; reuse it across calls to skip page faults.
+
+        Returns
+        -------
+        (n, dim) float32: each key's row, or its default value where it has no live row.
+        """
+        k = self._keys(keys)
+        n = k.shape[0]
+        if out is None:
+            out = np.empty((n, self.dim), dtype=np.float32)
+        elif out.shape != (n, self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise InvalidArgumentError(
+                f"out must be a C-contiguous float32 array of shape {(n, self.dim)}, "
+                f"got {out.dtype} {out.shape}"
+            )
+        if self._out_rows.shape[0] < n:
+            self._out_rows = np.empty(n, dtype=np.int64)
+        rows = self._out_rows[:n]
+        missing = self._dram.probe_gather(k, self._min_live(), out, rows)
+        if missing:
+            miss = rows < 0
+            out[miss] = self.defaults(k[miss])
+        return out
+
+    def contains(self, keys: Any) -> BoolArray:
+        """(n,) bool: whether each key has a live row."""
+        return self._live_rows(self._keys(keys)) >= 0
+
+    def __len__(self) -> int:
+        """Live rows: expired rows do not count, even before ``compact()``."""
+        self._db._check_open()
+        if self.config.ttl_steps is None:
+            return len(self._dram)
+        live = self._dram.live_rows()
+        return int(np.count_nonzero(self._dram.last_step[live] >= self._min_live()))
+
+    def items(self, chunk_rows: int = 65536) -> Iterator[tuple[Int64Array, Float32Array]]:
+        """Iterate ``(keys (m,) int64, values (m, dim) float32)`` chunks over live rows.
+
+        The table must not be changed while the iterator is in use.
+        """
+        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise InvalidArgumentError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+        self._db._check_open()
+        min_live = self._min_live()
+        for keys, records in self._dram.scan(chunk_rows):
+            live = records.last_step >= min_live
+            if live.any():
+                yield keys[live], records.values[live]
+
+    # -- training path --------------------------------------------------------------------
+    def pull(self, keys: Any) -> Pulled:
+        """Training read at ``db.step``: count, admit, create and return the batch's rows.
+
+        Every occurrence counts toward admission; a key is admitted on the pull in which its
+        count reaches ``min_count``. Admitted keys get (or keep) a row stamped with
+        ``last_step = db.step``; an expired row starts afresh. The batch's rows are protected
+        from eviction until its ``push`` or the next ``pull``.
+        """
+        k = self._keys(keys)
+        uniq, inverse, counts = self._dedup(k)
+        cap = self._dram.capacity_rows
+        if cap is not None and uniq.shape[0] > cap:
+            raise CapacityError(
+                f"keys: the batch has {uniq.shape[0]} distinct keys, more than "
+                f"dram_rows={cap}, and this table has no lower tier to spill to"
+            )
+        self._dram.unpin_all()
+        version = self._bump_version()
+        rows = self._drop_expired(uniq)
+        admitted = rows >= 0
+        have = np.flatnonzero(admitted)
+        if have.size:
+            r = rows[have]
+            self._dram.freq[r] = np.minimum(
+                self._dram.freq[r].astype(np.int64) + counts[have], FREQ_MAX
+            ).astype(np.uint32)
+            self._dram.last_step[r] = self._db.step
+            self._dram.version[r] = version
+        miss = np.flatnonzero(~admitted)
+        if miss.size:
+            totals = self._admission.observe(uniq[miss], counts[miss], self._db.step)
+            ok = self.config.admission.admit(totals)
+            new = miss[ok]
+            if new.size:
+                new_keys = uniq[new]
+                self._admission.forget(new_keys)
+                records = self._fresh_records(
+                    new_keys, self.config.initializer.values(new_keys, self.dim), counts[new], version
+                )
+                rows[new] = self._dram.insert(new_keys, records)
+                admitted[new] = True
+            self._counters["not_admitted"] += int(miss.size - new.size)
+        self._dram.pin(rows[admitted])
+        self._dram.evict_to_capacity(self._db.step, self._min_live())
+        out = np.empty((uniq.shape[0], self.dim), dtype=np.float32)
+        out[admitted] = self._dram.values[rows[admitted]]
+        if not admitted.all():
+            out[~admitted] = self.defaults(uniq[~admitted])
+        return Pulled(uniq, inverse, out, admitted, counts, self._db.step, self.name)
+
+    def push(self, pulled: Pulled, grads: Any, *, per_position: bool = False) -> None:
+        """Apply the table's optimizer to the pulled rows, in place.
+
+        Parameters
+        ----------
+        pulled : Pulled
+            What ``pull`` returned for this batch.
+        grads : (u, dim) float array aligned with ``pulled.keys``, or, with
+            ``per_position=True``, (n, dim) aligned with the keys given to ``pull`` (summed per
+            key first).
+
+        Gradients of keys that have no row (not admitted, or deleted since the pull) are
+        dropped and counted in ``stats()["dropped_gradients"]``. Non-finite gradients raise
+        and change nothing.
+        """
+        self._db._check_open()
+        if not isinstance(pulled, Pulled) or pulled.table != self.name:
+            raise InvalidArgumentError(
+                f"pulled must be what {self.name!r}.pull() returned, got {type(pulled).__name__}"
+                + (f" of table {pulled.table!r}" if isinstance(pulled, Pulled) else "")
+            )
+        u = pulled.keys.shape[0]
+        if per_position:
+            g = _float_matrix(grads, (pulled.inverse.shape[0], self.dim), "grads")
+            summed = np.zeros((u, self.dim), dtype=np.float32)
+            np.add.at(summed, pulled.inverse, g)
+            g = summed
+        else:
+            g = _float_matrix(grads, (u, self.dim), "grads")
+        rows = self._live_rows(pulled.keys)
+        ok = pulled.admitted & (rows >= 0)
+        self._counters["dropped_gradients"] += int(u - np.count_nonzero(ok))
+        r = rows[ok]
+        version = self._bump_version()
+        self._dram.values[r] -= np.float32(self._optimizer.lr) * g[ok]
+        self._dram.last_step[r] = self._db.step
+        self._dram.version[r] = version
+        self._pushes += 1
+        self._dram.unpin_all()
+        self._dram.evict_to_capacity(self._db.step, self._min_live())
+
+    # -- writes ---------------------------------------------------------------------------
+    def upsert(self, keys: Any, values: Any) -> None:
+        """Set rows' values, creating rows as needed (admission is bypassed).
+
+        An existing row keeps its optimizer slots and frequency; a new, re-created or expired
+        one starts with fresh slots. A key given twice takes its last value.
+        """
+        k = self._keys(keys)
+        v = _float_matrix(values, (k.shape[0], self.dim), "values")
+        uniq, inverse, _ = self._dedup(k)
+        last = np.zeros(uniq.shape[0], dtype=np.int64)
+        np.maximum.at(last, inverse, np.arange(k.shape[0], dtype=np.int64))
+        v = v[last]
+        self._check_room(uniq, "keys")
+        version = self._bump_version()
+        rows = self._drop_expired(uniq)
+        have = rows >= 0
+        r = rows[have]
+        self._dram.values[r] = v[have]
+        self._dram.last_step[r] = self._db.step
+        self._dram.version[r] = version
+        if not have.all():
+            new_keys = uniq[~have]
+            zero = np.zeros(new_keys.shape[0], dtype=np.int64)
+            rows[~have] = self._dram.insert(
+                new_keys, self._fresh_records(new_keys, v[~have], zero, version)
+            )
+        self._admission.forget(uniq)
+        # The rows just written are not victims of their own insert.
+        self._dram.evict_to_capacity(self._db.step, self._min_live(), protect=rows)
+
+    def delete(self, keys: Any) -> int:
+        """Remove keys' rows and pending admission counts; returns how many live rows went."""
+        k = self._keys(keys)
+        uniq, _, _ = self._dedup(k)
+        live = self._live_rows(uniq) >= 0
+        self._dram.remove(uniq)
+        self._admission.forget(uniq)
+        if live.any():
+            self._bump_version()
+        return int(np.count_nonzero(live))
+
+    def compact(self) -> dict[str, int]:
+        """Reclaim expired rows and rows with L2 norm below ``l2_threshold`` at ``db.step``.
+
+        Returns ``{"expired": n, "l2": m, "admission_forgotten": c}``: rows removed for each
+        reason, and stale pending admission counts forgotten (only with a TTL).
+        """
+        self._db._check_open()
+        live = self._dram.live_rows()
+        expired = self._dram.last_step[live] < self._min_live()
+        self._dram.remove_rows(live[expired])
+        n_l2 = 0
+        threshold = self.config.l2_threshold
+        if threshold is not None:
+            rest = live[~expired]
+            norms = np.linalg.norm(self._dram.values[rest], axis=1)
+            weak = rest[norms < threshold]
+            self._dram.remove_rows(weak)
+            n_l2 = int(weak.shape[0])
+        forgotten = 0
+        if self.config.ttl_steps is not None:
+            forgotten = self._admission.compact(self._min_live())
+        if expired.any() or n_l2:
+            self._bump_version()
+        return {"expired": int(np.count_nonzero(expired)), "l2": n_l2,
+                "admission_forgotten": forgotten}
+
+    def stats(self) -> dict[str, Any]:
+        """Counts that say what the table holds and what its policies did."""
+        policy = self.config.admission
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "rows": len(self),
+            "step": self._db.step,
+            "version": self._version,
+            "pushes": self._pushes,
+            "tiers": {"dram": self._dram.stats()},
+            "admission": {
+                "policy": policy.kind,
+                "min_count": policy.min_count,
+                "not_admitted": self._counters["not_admitted"],
+                **self._admission.stats(),
+            },
+            "expired_on_pull": self._counters["expired_on_pull"],
+            "dropped_gradients": self._counters["dropped_gradients"],
+        }
+
+    # -- persistence (interim npz format, see evdb.persist) -------------------------------
+    _COUNTERS = ("not_admitted", "expired_on_pull", "dropped_gradients")
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        live = self._dram.live_rows()
+        state = {
+            "keys": self._dram.row_keys[live],
+            "records": self._dram.read(live).pack().view(np.uint8),
+            "counters": np.array(
+                [self._version, self._pushes, self._dram.evictions, self._dram.expired_evictions]
+                + [self._counters[c] for c in self._COUNTERS],
+                dtype=np.int64,
+            ),
+        }
+        for name, arr in self._admission.to_arrays().items():
+            state[f"admission.{name}"] = arr
+        return state
+
+    def _load_state(self, state: dict[str, np.ndarray]) -> None:
+        records = RecordBatch.unpack(
+            state["records"].tobytes(), self.dim, self._optimizer.n_slots
+        )
+        keys = state["keys"].astype(np.int64)
+        if keys.shape[0] != len(records):
+            raise ValueError(f"{keys.shape[0]} keys for {len(records)} records")
+        self._dram.insert(keys, records)
+        c = state["counters"].tolist()
+        self._version, self._pushes, self._dram.evictions, self._dram.expired_evictions = c[:4]
+        self._counters.update(zip(self._COUNTERS, c[4:], strict=True))
+        prefix = "admission."
+        self._admission.load_arrays(
+            {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        )
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r}, dim={self.dim}, key_type={self.config.key_type!r})"

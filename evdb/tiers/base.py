@@ -1,0 +1,60 @@
+"""The contract every storage tier keeps.
+
+A tier stores fixed-width records (see ``evdb.records``) by int64 key and knows nothing of what
+the fields mean to an optimizer. Callers ask about capabilities (``persistent``, ``device``),
+never about a tier's class, so a chain can stack any tiers (HBM over DRAM over RocksDB).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+from evdb._types import BoolArray, Int64Array
+from evdb.records import RecordBatch
+
+
+class Tier(ABC):
+    """A keyed store of row records."""
+
+    name: str = ""
+
+    @property
+    @abstractmethod
+    def persistent(self) -> bool:
+        """True when rows survive the process (the bottom of a chain)."""
+
+    @property
+    @abstractmethod
+    def device(self) -> str:
+        """Where rows live: "cpu" or "cuda:N"."""
+
+    @property
+    @abstractmethod
+    def capacity_rows(self) -> int | None:
+        """Most rows the tier holds; None = unbounded."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Rows stored, expired ones included (the tier does not know the clock)."""
+
+    @abstractmethod
+    def get(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch]:
+        """found (n,) and the records of the found keys, in key order (compressed)."""
+
+    @abstractmethod
+    def put(self, keys: Int64Array, records: RecordBatch) -> None:
+        """Insert or overwrite the records of distinct keys."""
+
+    @abstractmethod
+    def remove(self, keys: Int64Array) -> BoolArray:
+        """Remove keys; returns which were present."""
+
+    @abstractmethod
+    def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
+        """All (keys, records), chunk by chunk, in no particular order."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """At least rows, capacity, bytes and evictions."""

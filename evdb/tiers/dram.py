@@ -1,0 +1,228 @@
+"""The DRAM tier: rows in numpy column slabs, found through a numba hash index.
+
+Layout::
+
+    index (HashIndex)        key -> row            16 bytes / slot, load <= 0.7
+    row_keys   (cap,)        int64                 the key of each row (scans, eviction)
+    values     (cap, dim)    float32               what lookups gather
+    slots      (cap, k)      float32               optimizer state
+    freq, last_step, version (cap,) u4, i8, u8     record metadata
+    is_live, is_pinned       (cap,) bool           occupancy (never a sentinel key)
+
+Rows are numbered by a free-list allocator, so a deleted row's storage is reused at once. The
+slabs grow by 1.5x with ``np.empty``: the kernel maps pages on first write, so capacity that was
+reserved but never written costs address space, not memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.config import DramConfig
+from evdb.hashindex import HashIndex, RowAllocator
+from evdb.kernels import cpu
+from evdb.records import RecordBatch
+from evdb.tiers import scoring
+from evdb.tiers.base import Tier
+
+_COLUMNS = ("row_keys", "values", "slots", "freq", "last_step", "version", "is_live", "is_pinned")
+
+
+class DramTier(Tier):
+    """Rows in process memory; the top (and, until RocksDB is configured, bottom) tier."""
+
+    name = "dram"
+
+    def __init__(self, dim: int, n_slots: int, config: DramConfig) -> None:
+        self.dim = dim
+        self.n_slots = n_slots
+        self.config = config
+        self.index = HashIndex(config.capacity_rows or 0)
+        self.alloc = RowAllocator()
+        self.row_keys: Int64Array = np.empty(0, dtype=np.int64)
+        self.values: Float32Array = np.empty((0, dim), dtype=np.float32)
+        self.slots: Float32Array = np.empty((0, n_slots), dtype=np.float32)
+        self.freq = np.empty(0, dtype=np.uint32)
+        self.last_step: Int64Array = np.empty(0, dtype=np.int64)
+        self.version = np.empty(0, dtype=np.uint64)
+        self.is_live: BoolArray = np.zeros(0, dtype=bool)
+        self.is_pinned: BoolArray = np.zeros(0, dtype=bool)
+        self._pinned_rows: Int64Array = np.empty(0, dtype=np.int64)
+        self.evictions = 0
+        self.expired_evictions = 0
+
+    # -- capabilities ---------------------------------------------------------------------
+    @property
+    def persistent(self) -> bool:
+        return False
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    @property
+    def capacity_rows(self) -> int | None:
+        return self.config.capacity_rows
+
+    def __len__(self) -> int:
+        return self.index.size
+
+    # -- storage --------------------------------------------------------------------------
+    def _fit(self, n_rows: int) -> None:
+        old = self.row_keys.shape[0]
+        if n_rows <= old:
+            return
+        cap = max(n_rows, old + old // 2, 1024)
+        for name in _COLUMNS:
+            col = getattr(self, name)
+            alloc = np.zeros if col.dtype == bool else np.empty
+            grown = alloc((cap, *col.shape[1:]), dtype=col.dtype)
+            grown[:old] = col
+            setattr(self, name, grown)
+
+    def locate(self, keys: Int64Array, out: Int64Array | None = None) -> Int64Array:
+        """Row of each key (n,), -1 where absent (expired rows are still located)."""
+        return self.index.find(keys, out)
+
+    def probe_gather(
+        self, keys: Int64Array, min_live_step: int, out: Float32Array, out_rows: Int64Array
+    ) -> int:
+        """Fused probe + TTL check + gather into out; returns how many keys were missing."""
+        return int(
+            cpu.probe_gather(
+                self.index.slot_keys, self.index.slot_rows, self.values, self.last_step,
+                keys, min_live_step, out, out_rows,
+            )
+        )
+
+    def insert(self, keys: Int64Array, records: RecordBatch) -> Int64Array:
+        """Store records of distinct keys that are absent; returns their rows."""
+        rows = self.alloc.allocate(keys.shape[0])
+        self._fit(self.alloc.high_water)
+        self.index.insert(keys, rows)
+        self.row_keys[rows] = keys
+        self.is_live[rows] = True
+        self.write(rows, records)
+        return rows
+
+    def write(self, rows: Int64Array, records: RecordBatch) -> None:
+        self.values[rows] = records.values
+        self.slots[rows] = records.slots
+        self.freq[rows] = records.freq
+        self.last_step[rows] = records.last_step
+        self.version[rows] = records.version
+
+    def read(self, rows: Int64Array) -> RecordBatch:
+        return RecordBatch(
+            values=self.values[rows], slots=self.slots[rows], freq=self.freq[rows],
+            last_step=self.last_step[rows], version=self.version[rows],
+        )
+
+    def remove_rows(self, rows: Int64Array) -> None:
+        """Free rows (distinct, live)."""
+        self.index.remove(self.row_keys[rows])
+        self.is_live[rows] = False
+        self.is_pinned[rows] = False
+        self.alloc.release(rows)
+
+    def live_rows(self) -> Int64Array:
+        return np.flatnonzero(self.is_live[: self.alloc.high_water])
+
+    # -- Tier contract --------------------------------------------------------------------
+    def get(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch]:
+        rows = self.locate(keys)
+        found = rows >= 0
+        return found, self.read(rows[found])
+
+    def put(self, keys: Int64Array, records: RecordBatch) -> None:
+        rows = self.locate(keys)
+        found = rows >= 0
+        if found.all():
+            self.write(rows, records)
+            return
+        self.write(rows[found], _take(records, found))
+        self.insert(keys[~found], _take(records, ~found))
+
+    def remove(self, keys: Int64Array) -> BoolArray:
+        rows = self.index.remove(keys)
+        found = rows >= 0
+        gone = rows[found]
+        self.is_live[gone] = False
+        self.is_pinned[gone] = False
+        self.alloc.release(gone)
+        return found
+
+    def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
+        live = self.live_rows()
+        for start in range(0, live.shape[0], chunk_rows):
+            rows = live[start : start + chunk_rows]
+            yield self.row_keys[rows], self.read(rows)
+
+    # -- the batch in flight and eviction -------------------------------------------------
+    def pin(self, rows: Int64Array) -> None:
+        """Protect rows from eviction until ``unpin_all``."""
+        self.is_pinned[rows] = True
+        self._pinned_rows = np.concatenate([self._pinned_rows, rows])
+
+    def unpin_all(self) -> None:
+        self.is_pinned[self._pinned_rows] = False
+        self._pinned_rows = np.empty(0, dtype=np.int64)
+
+    @property
+    def n_pinned(self) -> int:
+        rows = np.unique(self._pinned_rows)
+        return int(np.count_nonzero(self.is_pinned[rows]))
+
+    def evict_to_capacity(
+        self, step: int, min_live_step: int, protect: Int64Array | None = None
+    ) -> None:
+        """When over capacity, drop the lowest-score rows down to the low watermark; pinned
+        rows and ``protect`` rows are never victims."""
+        cap = self.capacity_rows
+        if cap is None or len(self) <= cap:
+            return
+        target = int(cap * (1.0 - self.config.evict_fraction))
+        candidates = self.live_rows()
+        candidates = candidates[~self.is_pinned[candidates]]
+        if protect is not None:
+            candidates = np.setdiff1d(candidates, protect, assume_unique=True)
+        n = min(len(self) - target, candidates.shape[0])
+        last = self.last_step[candidates]
+        if self.config.eviction == "lfu":
+            scores = scoring.lfu_scores(
+                self.freq[candidates], last, step, self.config.half_life_steps
+            )
+        else:
+            scores = scoring.lru_scores(last)
+        expired = scoring.is_expired(last, min_live_step)
+        scores[expired] = -np.inf
+        victims = np.argpartition(scores, n - 1)[:n] if n < candidates.shape[0] else slice(None)
+        chosen = candidates[victims]
+        n_expired = int(np.count_nonzero(expired[victims]))
+        self.remove_rows(chosen)
+        self.expired_evictions += n_expired
+        self.evictions += chosen.shape[0] - n_expired
+
+    def stats(self) -> dict[str, Any]:
+        slab = sum(getattr(self, c)[: self.alloc.high_water].nbytes for c in _COLUMNS)
+        return {
+            "rows": len(self),
+            "capacity": self.capacity_rows,
+            "evictions": self.evictions,
+            "expired_evictions": self.expired_evictions,
+            "pinned": self.n_pinned,
+            "bytes": int(slab + self.index.nbytes),
+            "index_bytes": self.index.nbytes,
+            "bytes_per_row": (slab + self.index.nbytes) / max(len(self), 1),
+        }
+
+
+def _take(records: RecordBatch, mask: BoolArray) -> RecordBatch:
+    return RecordBatch(
+        values=records.values[mask], slots=records.slots[mask], freq=records.freq[mask],
+        last_step=records.last_step[mask], version=records.version[mask],
+    )
