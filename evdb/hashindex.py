@@ -41,19 +41,21 @@ class HashIndex:
         """Rows of keys (n,), -1 where absent."""
         if out is None:
             out = np.empty(keys.shape[0], dtype=np.int64)
-        cpu.hash_find(self.slot_keys, self.slot_rows, keys, out)
+        cpu.hash_find(self.slot_keys, self.slot_rows, np.ascontiguousarray(keys), out)
         return out
 
     def insert(self, keys: Int64Array, rows: Int64Array) -> None:
         """Add keys that are not in the index yet (the caller deduplicates)."""
         self.reserve(self.size + keys.shape[0])
-        cpu.hash_insert(self.slot_keys, self.slot_rows, keys, rows)
+        cpu.hash_insert(
+            self.slot_keys, self.slot_rows, np.ascontiguousarray(keys), np.ascontiguousarray(rows)
+        )
         self.size += int(keys.shape[0])
 
     def remove(self, keys: Int64Array) -> Int64Array:
         """Remove keys; returns the rows they had (-1 where absent)."""
         out = np.empty(keys.shape[0], dtype=np.int64)
-        cpu.hash_remove(self.slot_keys, self.slot_rows, keys, out)
+        cpu.hash_remove(self.slot_keys, self.slot_rows, np.ascontiguousarray(keys), out)
         self.size -= int(np.count_nonzero(out >= 0))
         return out
 

@@ -59,7 +59,7 @@ def _integer_array(keys: Any, arg: str) -> Int64Array:
         arr = np.asarray(keys, dtype=object)  # find the first bad element as the caller wrote it
     kind = arr.dtype.kind
     if arr.dtype == np.int64:
-        return arr
+        return np.ascontiguousarray(arr)  # kernels take C-contiguous arrays; no copy if it is
     if kind == "i" or (kind == "u" and arr.dtype.itemsize < 8):
         return arr.astype(np.int64)
     if kind == "u":

@@ -1,0 +1,48 @@
+"""Shared fixtures: the kernel backends, a fresh database, and the markers of DESIGN's suite."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import evdb
+from evdb.kernels import BACKENDS, backend
+
+HAS_GPU = importlib.util.find_spec("cupy") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="no CUDA GPU (cupy) on this machine")
+    skip_stress = pytest.mark.skip(reason="stress test: run with -m stress")
+    selected = config.getoption("-m") or ""
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_gpu)
+        if "stress" in item.keywords and "stress" not in selected:
+            item.add_marker(skip_stress)
+
+
+@pytest.fixture(params=[b for b in BACKENDS if b != "reference"])
+def kernels(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Each accelerated backend, compared against ``reference`` by the parity tests."""
+    return backend(request.param)
+
+
+@pytest.fixture
+def reference():  # type: ignore[no-untyped-def]
+    return backend("reference")
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[evdb.Database]:
+    with evdb.open(tmp_path / "db") as database:
+        yield database

@@ -1,0 +1,132 @@
+"""Every kernel x every accelerated backend == the numpy reference, on fresh random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evdb.kernels import KERNELS, backend
+
+EDGE_KEYS = np.array([0, -1, 1, 2**63 - 1, -(2**63)], dtype=np.int64)
+
+
+def random_keys(rng: np.random.Generator, n: int, *, dup_from: int | None = None) -> np.ndarray:
+    """n keys over the whole int64 range (with the edge values), or drawn from a small pool."""
+    if dup_from is not None:
+        pool = rng.integers(-(2**63), 2**63 - 1, dup_from, dtype=np.int64, endpoint=True)
+        return np.concatenate([EDGE_KEYS, pool[rng.integers(0, dup_from, n)]])
+    keys = np.unique(rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64, endpoint=True))
+    return rng.permutation(np.union1d(keys, EDGE_KEYS))
+
+
+def empty_index(cap: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(cap, dtype=np.int64), np.full(cap, -1, dtype=np.int64)
+
+
+def test_every_kernel_is_registered_in_every_backend() -> None:
+    for name in ("reference", "cpu"):
+        module = backend(name)
+        missing = [k for k in KERNELS if not callable(getattr(module, k, None))]
+        assert not missing, f"{name} lacks {missing}"
+
+
+@pytest.mark.parametrize("n", [0, 1, 700, 30_000])
+def test_insert_then_find_and_remove_match_reference(kernels, reference, rng, n) -> None:
+    keys = random_keys(rng, n)
+    rows = rng.permutation(keys.shape[0]).astype(np.int64)
+    absent = random_keys(rng, 50)
+    absent = absent[~np.isin(absent, keys)]
+    probe = rng.permutation(np.concatenate([keys, absent]))
+    gone = keys[rng.random(keys.shape[0]) < 0.4]
+    gone = np.concatenate([gone, absent[:5], gone[:3]])  # absent keys and repeats too
+    results = []
+    for mod in (reference, kernels):
+        sk, sr = empty_index(65536)
+        mod.hash_insert(sk, sr, keys, rows)
+        found = np.empty(probe.shape[0], dtype=np.int64)
+        mod.hash_find(sk, sr, probe, found)
+        removed = np.empty(gone.shape[0], dtype=np.int64)
+        mod.hash_remove(sk, sr, gone, removed)
+        after = np.empty(probe.shape[0], dtype=np.int64)
+        mod.hash_find(sk, sr, probe, after)
+        results.append((found, removed, after, int(np.count_nonzero(sr >= 0))))
+    for got, want in zip(results[1], results[0], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_insert_assigns_existing_key(kernels, reference) -> None:
+    for mod in (reference, kernels):
+        sk, sr = empty_index(16)
+        mod.hash_insert(sk, sr, np.array([5, 5, -1], dtype=np.int64), np.array([1, 2, 3]))
+        out = np.empty(2, dtype=np.int64)
+        mod.hash_find(sk, sr, np.array([5, -1], dtype=np.int64), out)
+        assert out.tolist() == [2, 3]
+        assert np.count_nonzero(sr >= 0) == 2
+
+
+def test_remove_keeps_every_other_key_findable_under_heavy_clustering(kernels, rng) -> None:
+    # A nearly full tiny index makes long probe runs that wrap around the end: the backward
+    # shift must never strand a key behind a hole.
+    sk, sr = empty_index(64)
+    keys = random_keys(rng, 60)[:60]
+    kernels.hash_insert(sk, sr, keys, np.arange(60, dtype=np.int64))
+    alive = dict(zip(keys.tolist(), range(60), strict=True))
+    for key in rng.permutation(keys)[:50]:
+        out = np.empty(1, dtype=np.int64)
+        kernels.hash_remove(sk, sr, np.array([key]), out)
+        assert out[0] == alive.pop(int(key))
+        found = np.empty(60, dtype=np.int64)
+        kernels.hash_find(sk, sr, keys, found)
+        expected = [alive.get(k, -1) for k in keys.tolist()]
+        assert found.tolist() == expected
+
+
+@pytest.mark.parametrize("n_probe", [0, 1, 999, 40_000])  # 40k takes the parallel variant
+def test_probe_gather_matches_reference(kernels, reference, rng, n_probe) -> None:
+    dim = 7
+    keys = random_keys(rng, 400)
+    values = rng.standard_normal((keys.shape[0], dim)).astype(np.float32)
+    last_step = rng.integers(0, 10, keys.shape[0]).astype(np.int64)
+    probe = np.concatenate([keys, random_keys(rng, 300)])[rng.integers(0, keys.shape[0] + 300, n_probe)]
+    outs = []
+    for mod in (reference, kernels):
+        sk, sr = empty_index(1024)
+        mod.hash_insert(sk, sr, keys, np.arange(keys.shape[0], dtype=np.int64))
+        out = np.full((n_probe, dim), np.nan, dtype=np.float32)
+        out_rows = np.empty(n_probe, dtype=np.int64)
+        missing = mod.probe_gather(sk, sr, values, last_step, probe, 5, out, out_rows)
+        outs.append((missing, out, out_rows))
+    assert outs[1][0] == outs[0][0]
+    np.testing.assert_array_equal(outs[1][2], outs[0][2])
+    np.testing.assert_array_equal(outs[1][1], outs[0][1])  # NaN where missing, in both
+    if n_probe > 100:
+        assert outs[0][0] > 0 and outs[0][0] < n_probe  # both hits and misses were exercised
+
+
+@pytest.mark.parametrize("n,pool", [(0, 1), (1, 1), (5000, 300), (2000, 100_000)])
+def test_unique_inverse_matches_reference(kernels, reference, rng, n, pool) -> None:
+    keys = random_keys(rng, n, dup_from=pool)[:n]
+    outs = []
+    for mod in (reference, kernels):
+        u_out = np.empty(n, dtype=np.int64)
+        inv = np.empty(n, dtype=np.int64)
+        cnt = np.zeros(n, dtype=np.int64)
+        u = mod.unique_inverse(keys, u_out, inv, cnt)
+        outs.append((u, u_out[:u].copy(), inv, cnt[:u].copy()))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n_hashes,width", [(1, 97), (4, 1000), (7, 64)])
+def test_sketch_add_matches_reference(kernels, reference, rng, n_hashes, width) -> None:
+    keys = random_keys(rng, 300)
+    counts = rng.integers(1, 40, keys.shape[0]).astype(np.int64)  # saturates small filters
+    start = rng.integers(0, 255, width).astype(np.uint8)
+    outs = []
+    for mod in (reference, kernels):
+        counters = start.copy()
+        est = np.empty(keys.shape[0], dtype=np.int64)
+        mod.sketch_add(counters, keys, counts, n_hashes, np.uint64(99), est)
+        outs.append((counters, est))
+    np.testing.assert_array_equal(outs[1][0], outs[0][0])
+    np.testing.assert_array_equal(outs[1][1], outs[0][1])

@@ -1,0 +1,97 @@
+"""Database: directory, lock, step, the set of tables, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import evdb
+
+
+def test_open_creates_the_directory_and_is_a_context_manager(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b"
+    with evdb.open(path) as db:
+        assert path.is_dir() and db.step == 0 and db.tables() == []
+    with pytest.raises(evdb.DatabaseClosedError):
+        db.create_table("t", dim=2)
+    db.close()  # closing twice is fine
+
+
+def test_step_advances_and_persists(tmp_path: Path) -> None:
+    with evdb.open(tmp_path) as db:
+        assert db.advance() == 1 and db.advance(n=9) == 10 and db.advance(0) == 10
+        with pytest.raises(ValueError, match="n must be an int >= 0, got -1"):
+            db.advance(-1)
+    with evdb.open(tmp_path) as db:
+        assert db.step == 10
+
+
+def test_tables_are_created_listed_fetched_and_dropped(tmp_path: Path) -> None:
+    with evdb.open(tmp_path) as db:
+        db.create_table("b", dim=2)
+        a = db.create_table("a", dim=3)
+        assert db.tables() == ["a", "b"] and db.table("a") is a
+        with pytest.raises(evdb.TableExistsError, match="table 'a' already exists"):
+            db.create_table("a", dim=3)
+        with pytest.raises(KeyError, match="no table 'zz'"):
+            db.table("zz")
+        db.drop_table("b")
+        with pytest.raises(evdb.TableNotFoundError):
+            db.drop_table("b")
+    with evdb.open(tmp_path) as db:
+        assert db.tables() == ["a"]
+        assert not (tmp_path / "tables" / "b.npz").exists()
+        db.create_table("b", dim=5)  # a dropped name can be reused
+        assert db.table("b").dim == 5
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(name="", dim=2), "name must be 1-128 characters"),
+        (dict(name="../x", dim=2), "name must be"),
+        (dict(name="t", dim=0), r"dim must be an int in \[1, 65536\], got 0"),
+        (dict(name="t", dim=2, key_type="uuid"), "key_type must be one of"),
+        (dict(name="t", dim=2, ttl_steps=-1), "ttl_steps must be >= 0 or None, got -1"),
+        (dict(name="t", dim=2, dram_rows=0), "dram.capacity_rows must be >= 1"),
+        (dict(name="t", dim=2, l2_threshold=float("nan")), "l2_threshold must be a finite"),
+        (dict(name="t", dim=2, default_value="zeros"), "default_value must be 'init' or a"),
+        (dict(name="t", dim=2, initializer="normal"), "initializer must be a Initializer"),
+        (dict(name="t", dim=2, optimizer=evdb.optim.SGD), "optimizer must be a Optimizer"),
+    ],
+)
+def test_bad_table_config_is_rejected_and_creates_nothing(db, kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        db.create_table(**kwargs)
+    assert db.tables() == []
+
+
+def test_a_second_open_of_the_same_directory_fails_clearly(tmp_path: Path) -> None:
+    with evdb.open(tmp_path):
+        with pytest.raises(evdb.DatabaseLockedError, match="is open in another process"):
+            evdb.open(tmp_path)
+    with evdb.open(tmp_path):  # released on close
+        pass
+
+
+def test_a_damaged_manifest_fails_with_the_file_named(tmp_path: Path) -> None:
+    with evdb.open(tmp_path) as db:
+        db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
+    (tmp_path / "evdb.json").write_text("{not json")
+    with pytest.raises(evdb.CorruptDataError, match="evdb.json"):
+        evdb.open(tmp_path)
+    with evdb.open(tmp_path / "fresh"):  # and the lock of the failed open was released
+        pass
+
+
+def test_flush_writes_without_closing(tmp_path: Path) -> None:
+    db = evdb.open(tmp_path)
+    db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
+    db.flush()
+    assert (tmp_path / "tables" / "t.npz").exists()
+    db.table("t").upsert([2], [[3.0, 4.0]])
+    db.close()
+    with evdb.open(tmp_path) as db:
+        np.testing.assert_array_equal(db.table("t").lookup([1, 2]), [[1.0, 2.0], [3.0, 4.0]])

@@ -1,0 +1,227 @@
+"""A Hypothesis state machine: random pull/push/upsert/delete/compact/lookup/advance/reopen
+sequences on a Table, checked after every step against a plain-dict model of the contract.
+
+The model knows nothing of tiers, kernels or layouts: a dict of rows, a dict of pending
+admission counts, the step, and the batch in flight. With a bounded DRAM tier the model cannot
+predict *which* rows the score policy evicts, so it accepts evictions of rows outside the batch
+in flight and checks the eviction counter instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import evdb
+
+POOL = [0, -1, 1, 2, 3, 17, 42, 99, 2**63 - 1, -(2**63)]
+DIM, TTL, MIN_COUNT, LR, L2 = 3, 3, 2, 0.5, 0.015
+INIT = evdb.init.Normal(0.0, 0.01, seed=3)
+keys_st = st.lists(st.sampled_from(POOL), min_size=0, max_size=8)
+floats = st.floats(-2.0, 2.0, allow_nan=False, width=32)
+
+
+def init_row(key: int) -> np.ndarray:
+    return INIT.values(np.array([key], np.int64), DIM)[0]
+
+
+class TableMachine(RuleBasedStateMachine):
+    capacity: int | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="evdb-state-"))
+        self.db = evdb.open(self.dir)
+        self.t = self._create()
+        self.step = 0
+        self.rows: dict[int, dict] = {}  # key -> {"value", "last_step", "freq"}
+        self.pending: dict[int, tuple[int, int]] = {}  # key -> (count, last_seen)
+        self.in_flight: set[int] = set()
+        self.pulled: evdb.Pulled | None = None
+        self.evicted = 0
+
+    def _create(self) -> evdb.Table:
+        return self.db.create_table(
+            "t", dim=DIM, initializer=INIT, ttl_steps=TTL, l2_threshold=L2,
+            admission=evdb.admission.Counter(min_count=MIN_COUNT),
+            optimizer=evdb.optim.SGD(lr=LR), dram_rows=self.capacity,
+        )
+
+    def teardown(self) -> None:
+        self.db.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- model helpers --------------------------------------------------------------------
+    def live(self, key: int) -> bool:
+        return key in self.rows and self.step - self.rows[key]["last_step"] <= TTL
+
+    def expected(self, key: int) -> np.ndarray:
+        return self.rows[key]["value"] if self.live(key) else init_row(key)
+
+    def sync_evictions(self, written: set[int]) -> None:
+        """Accept the policy's evictions: never of the batch in flight or of rows just written."""
+        keys = sorted(self.rows)
+        present = self.t._dram.locate(np.array(keys, np.int64)) >= 0  # stored, live or not
+        for key, there in zip(keys, present, strict=True):
+            if not there and self.live(key):
+                assert self.capacity is not None, f"row {key} vanished without a capacity"
+                assert key not in self.in_flight, f"row {key} of the batch in flight evicted"
+                assert key not in written, f"row {key} evicted by its own write"
+                del self.rows[key]
+                self.evicted += 1
+            elif not there:
+                del self.rows[key]  # an expired row the tier reclaimed early
+
+    # -- rules ----------------------------------------------------------------------------
+    @rule(keys=keys_st)
+    def pull(self, keys: list[int]) -> None:
+        uniq = list(dict.fromkeys(keys))
+        if self.capacity is not None and len(uniq) > self.capacity:
+            with pytest.raises(evdb.CapacityError):
+                self.t.pull(np.array(keys, np.int64))
+            return
+        p = self.t.pull(np.array(keys, np.int64))
+        assert p.keys.tolist() == uniq
+        self.in_flight = set()
+        for i, key in enumerate(uniq):
+            count = keys.count(key)
+            if key in self.rows and not self.live(key):
+                del self.rows[key]  # expired: afresh
+            if key in self.rows:
+                self.rows[key]["freq"] += count
+                self.rows[key]["last_step"] = self.step
+            else:
+                total = self.pending.get(key, (0, 0))[0] + count
+                if total >= MIN_COUNT:
+                    self.pending.pop(key, None)
+                    self.rows[key] = {"value": init_row(key), "last_step": self.step, "freq": count}
+                else:
+                    self.pending[key] = (total, self.step)
+            assert p.admitted[i] == (key in self.rows), key
+            np.testing.assert_array_equal(p.rows[i], self.expected(key))
+            if key in self.rows:
+                self.in_flight.add(key)
+        self.pulled = p
+        self.sync_evictions(set())
+
+    @precondition(lambda self: self.pulled is not None)
+    @rule(data=st.data(), per_position=st.booleans())
+    def push(self, data: st.DataObject, per_position: bool) -> None:
+        p = self.pulled
+        n = p.inverse.shape[0] if per_position else p.keys.shape[0]
+        grads = np.array(data.draw(st.lists(floats, min_size=n * DIM, max_size=n * DIM)),
+                         dtype=np.float32).reshape(n, DIM)
+        self.t.push(p, grads, per_position=per_position)
+        if per_position:
+            summed = np.zeros((p.keys.shape[0], DIM), np.float32)
+            np.add.at(summed, p.inverse, grads)
+            grads = summed
+        for i, key in enumerate(p.keys.tolist()):
+            if p.admitted[i] and self.live(key):
+                row = self.rows[key]
+                row["value"] = row["value"] - np.float32(LR) * grads[i]
+                row["last_step"] = self.step
+        self.pulled = None
+        self.in_flight = set()
+        self.sync_evictions(set())
+
+    @rule(keys=keys_st, data=st.data())
+    def upsert(self, keys: list[int], data: st.DataObject) -> None:
+        values = np.array(data.draw(st.lists(floats, min_size=len(keys) * DIM,
+                                             max_size=len(keys) * DIM)),
+                          dtype=np.float32).reshape(len(keys), DIM)
+        uniq = set(keys)
+        if self.capacity is not None:
+            pinned = {k for k in self.in_flight if self.live(k)}
+            if len(pinned | uniq) > self.capacity:
+                with pytest.raises(evdb.CapacityError):
+                    self.t.upsert(np.array(keys, np.int64), values)
+                return
+        self.t.upsert(np.array(keys, np.int64), values)
+        for key, value in zip(keys, values, strict=True):
+            if self.live(key):
+                self.rows[key]["value"] = value
+                self.rows[key]["last_step"] = self.step
+            else:
+                self.rows[key] = {"value": value, "last_step": self.step, "freq": 0}
+            self.pending.pop(key, None)
+        self.sync_evictions(uniq)
+
+    @rule(keys=keys_st)
+    def delete(self, keys: list[int]) -> None:
+        uniq = set(keys)
+        want = sum(self.live(k) for k in uniq)
+        assert self.t.delete(np.array(keys, np.int64)) == want
+        for key in uniq:
+            self.rows.pop(key, None)
+            self.pending.pop(key, None)
+
+    @rule()
+    def compact(self) -> None:
+        expired = [k for k in self.rows if not self.live(k)]
+        for k in expired:
+            del self.rows[k]
+        weak = [k for k, r in self.rows.items()
+                if np.linalg.norm(r["value"]) < np.float32(L2)]
+        for k in weak:
+            del self.rows[k]
+        stale = [k for k, (_, seen) in self.pending.items() if self.step - seen > TTL]
+        for k in stale:
+            del self.pending[k]
+        got = self.t.compact()
+        assert got["l2"] == len(weak)
+        assert got["admission_forgotten"] == len(stale)
+        # rows evicted while expired were reclaimed by the tier already, not by compact
+        assert got["expired"] <= len(expired)
+
+    @rule(n=st.integers(0, 3))
+    def advance(self, n: int) -> None:
+        self.step = self.db.advance(n)
+
+    @rule()
+    def reopen(self) -> None:
+        self.db.close()
+        self.db = evdb.open(self.dir)
+        self.t = self.db.table("t")
+        assert self.db.step == self.step
+        self.in_flight = set()  # the batch in flight ends with the process
+
+    # -- invariants -----------------------------------------------------------------------
+    @invariant()
+    def reads_match_the_model(self) -> None:
+        pool = np.array(POOL, np.int64)
+        want = np.stack([self.expected(k) for k in POOL])
+        np.testing.assert_array_equal(self.t.lookup(pool), want)
+        assert self.t.contains(pool).tolist() == [self.live(k) for k in POOL]
+        assert len(self.t) == sum(self.live(k) for k in self.rows)
+        items = {k: v for keys, vals in self.t.items(chunk_rows=3)
+                 for k, v in zip(keys.tolist(), vals, strict=True)}
+        assert sorted(items) == sorted(k for k in self.rows if self.live(k))
+        if self.capacity is not None:
+            assert len(self.t._dram) <= self.capacity
+            assert self.t.stats()["tiers"]["dram"]["evictions"] >= self.evicted
+
+
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+class UnboundedTable(TableMachine):
+    capacity = None
+
+
+class BoundedTable(TableMachine):
+    capacity = 6
+
+
+TestUnboundedTable = UnboundedTable.TestCase
+TestUnboundedTable.settings = SETTINGS
+TestBoundedTable = BoundedTable.TestCase
+TestBoundedTable.settings = SETTINGS

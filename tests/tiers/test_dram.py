@@ -1,0 +1,65 @@
+"""The DRAM tier: the shared contract plus eviction and pinning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evdb.config import DramConfig
+from evdb.tiers.dram import DramTier
+
+from .contract import DIM, SLOTS, TierContract, records
+
+
+class TestDramTier(TierContract):
+    @pytest.fixture
+    def tier(self) -> DramTier:
+        return DramTier(DIM, SLOTS, DramConfig())
+
+
+def filled(capacity: int, n: int, eviction: str = "lfu") -> DramTier:
+    tier = DramTier(DIM, SLOTS, DramConfig(capacity_rows=capacity, eviction=eviction))
+    recs = records(n)
+    recs.freq[:] = np.arange(n, dtype=np.uint32)  # key i has frequency i
+    recs.last_step[:] = 0
+    tier.put(np.arange(n, dtype=np.int64), recs)
+    return tier
+
+
+def test_eviction_drops_the_lowest_frequency_rows_to_the_low_watermark() -> None:
+    tier = filled(100, 120)
+    tier.evict_to_capacity(step=0, min_live_step=-(2**63))
+    assert len(tier) == 95  # (1 - 0.05) * capacity
+    found, _ = tier.get(np.arange(120, dtype=np.int64))
+    assert (~found).nonzero()[0].tolist() == list(range(25))
+    assert tier.stats()["evictions"] == 25
+
+
+def test_lfu_ages_with_steps_and_lru_uses_last_step() -> None:
+    tier = filled(10, 12)
+    tier.last_step[tier.locate(np.array([11], np.int64))] = -100_000  # hot long ago
+    tier.evict_to_capacity(step=0, min_live_step=-(2**63))
+    assert not tier.get(np.array([11], np.int64))[0][0]
+    lru = filled(10, 12, eviction="lru")
+    lru.last_step[lru.locate(np.arange(12, dtype=np.int64))] = np.arange(12)[::-1]
+    lru.evict_to_capacity(step=20, min_live_step=-(2**63))
+    assert lru.get(np.arange(12, dtype=np.int64))[0].nonzero()[0].tolist() == list(range(9))
+
+
+def test_pinned_and_protected_rows_are_never_victims() -> None:
+    tier = filled(100, 120)
+    tier.pin(tier.locate(np.arange(10, dtype=np.int64)))  # the coldest rows
+    tier.evict_to_capacity(0, -(2**63), protect=tier.locate(np.arange(10, 20, dtype=np.int64)))
+    found, _ = tier.get(np.arange(120, dtype=np.int64))
+    assert found[:20].all()
+    assert len(tier) == 95
+
+
+def test_expired_rows_go_first_and_are_counted_apart() -> None:
+    tier = filled(100, 110)
+    hot_but_old = np.arange(100, 110, dtype=np.int64)
+    tier.last_step[tier.locate(hot_but_old)] = -50
+    tier.evict_to_capacity(step=0, min_live_step=-10)
+    assert not tier.get(hot_but_old)[0].any()
+    assert tier.stats()["expired_evictions"] == 10
+    assert tier.stats()["evictions"] == 5
