@@ -29,7 +29,7 @@ from evdb.errors import ConfigError, CorruptDataError
 from evdb.hashindex import HashIndex, RowAllocator
 from evdb.kernels import cpu
 
-__all__ = ["AdmitAll", "AdmissionPolicy", "AdmissionState", "Bloom", "Counter", "from_dict"]
+__all__ = ["AdmissionPolicy", "AdmissionState", "AdmitAll", "Bloom", "Counter", "from_dict"]
 
 
 def _parse_int(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -154,7 +154,9 @@ class Bloom(AdmissionPolicy):
         _parse_int("Bloom.capacity", self.capacity, 1)
         _parse_int("Bloom.seed", self.seed, 0, 2**63 - 1)
         if not isinstance(self.error_rate, float) or not 0.0 < self.error_rate < 1.0:
-            raise ConfigError(f"Bloom.error_rate must be a float in (0, 1), got {self.error_rate!r}")
+            raise ConfigError(
+                f"Bloom.error_rate must be a float in (0, 1), got {self.error_rate!r}"
+            )
 
     @property
     def width(self) -> int:
@@ -233,13 +235,20 @@ class _CounterState(AdmissionState):
         return int(stale.shape[0])
 
     def stats(self) -> dict[str, Any]:
-        return {"pending": self.index.size, "forgotten": self.forgotten,
-                "bytes": self.index.nbytes + 3 * self.keys.nbytes}
+        return {
+            "pending": self.index.size,
+            "forgotten": self.forgotten,
+            "bytes": self.index.nbytes + 3 * self.keys.nbytes,
+        }
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         live = self._live_slots()
-        return {"keys": self.keys[live], "counts": self.counts[live],
-                "last_seen": self.last_seen[live], "forgotten": np.array([self.forgotten])}
+        return {
+            "keys": self.keys[live],
+            "counts": self.counts[live],
+            "last_seen": self.last_seen[live],
+            "forgotten": np.array([self.forgotten]),
+        }
 
     def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         keys = arrays["keys"].astype(np.int64)
@@ -264,9 +273,12 @@ class _BloomState(AdmissionState):
         return out
 
     def stats(self) -> dict[str, Any]:
-        return {"counters": int(self.counters.shape[0]), "hashes": self.n_hashes,
-                "bytes": int(self.counters.nbytes),
-                "fill": float(np.count_nonzero(self.counters)) / self.counters.shape[0]}
+        return {
+            "counters": int(self.counters.shape[0]),
+            "hashes": self.n_hashes,
+            "bytes": int(self.counters.nbytes),
+            "fill": float(np.count_nonzero(self.counters)) / self.counters.shape[0],
+        }
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         return {"counters": self.counters}

@@ -80,7 +80,11 @@ class TableConfig:
     """The DRAM tier."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or not 1 <= self.dim <= MAX_DIM:
+        if (
+            isinstance(self.dim, bool)
+            or not isinstance(self.dim, int)
+            or not 1 <= self.dim <= MAX_DIM
+        ):
             raise ConfigError(f"dim must be an int in [1, {MAX_DIM}], got {self.dim!r}")
         if self.key_type not in KEY_TYPES:
             raise ConfigError(f"key_type must be one of {KEY_TYPES}, got {self.key_type!r}")

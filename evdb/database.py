@@ -52,7 +52,7 @@ class Database:
     >>> path = tempfile.mkdtemp()
     >>> with evdb.open(path) as db:
     ...     t = db.create_table("user", dim=8)
-    ...     db.advance(3)
+    ...     _ = db.advance(3)
     >>> with evdb.open(path) as db:
     ...     db.step, db.tables()
     (3, ['user'])
@@ -218,6 +218,6 @@ class Database:
         return f"Database({str(self.path)!r}, {state})"
 
 
-def open(path: str | os.PathLike[str]) -> Database:  # noqa: A001 - evdb.open mirrors io.open
+def open(path: str | os.PathLike[str]) -> Database:
     """Open (creating if missing) the database directory at path."""
     return Database(path)

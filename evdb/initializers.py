@@ -61,7 +61,8 @@ def _standard_normal(seed: int, keys: Int64Array, dim: int, stream: int) -> np.n
     """Box-Muller over streams (2*stream, 2*stream + 1): (n, dim) float64 N(0, 1)."""
     u1 = _uniform01(seed, keys, dim, 2 * stream)
     u2 = _uniform01(seed, keys, dim, 2 * stream + 1)
-    return np.sqrt(-2.0 * np.log(u1)) * np.cos(_TWO_PI * u2)
+    z: np.ndarray = np.sqrt(-2.0 * np.log(u1)) * np.cos(_TWO_PI * u2)
+    return z
 
 
 def _parse_finite(name: str, value: float) -> float:

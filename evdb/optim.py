@@ -28,10 +28,14 @@ class Optimizer:
     lr: float = 0.01
 
     def __post_init__(self) -> None:
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not (
-            math.isfinite(self.lr) and self.lr > 0
+        if (
+            isinstance(self.lr, bool)
+            or not isinstance(self.lr, (int, float))
+            or not (math.isfinite(self.lr) and self.lr > 0)
         ):
-            raise ConfigError(f"{type(self).__name__}.lr must be a finite number > 0, got {self.lr!r}")
+            raise ConfigError(
+                f"{type(self).__name__}.lr must be a finite number > 0, got {self.lr!r}"
+            )
 
     def initial_slots(self, n: int) -> Float32Array:
         """Slot values (n, n_slots) float32 a freshly created row starts with."""

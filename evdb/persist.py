@@ -48,7 +48,9 @@ def read_manifest(root: Path) -> dict[str, Any] | None:
     except (OSError, ValueError) as e:
         raise CorruptDataError(f"{path}: cannot read the manifest ({e})") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CorruptDataError(f"{path}: unknown format {meta.get('format') if isinstance(meta, dict) else meta!r}")
+        raise CorruptDataError(
+            f"{path}: unknown format {meta.get('format') if isinstance(meta, dict) else meta!r}"
+        )
     return meta
 
 
@@ -61,7 +63,7 @@ def write_table(root: Path, name: str, arrays: dict[str, np.ndarray]) -> None:
     dest.parent.mkdir(exist_ok=True)
     tmp = dest.with_suffix(".npz.tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, allow_pickle=False, **arrays)
     _fsync_replace(tmp, dest)
 
 

@@ -267,7 +267,10 @@ class Table:
                 new_keys = uniq[new]
                 self._admission.forget(new_keys)
                 records = self._fresh_records(
-                    new_keys, self.config.initializer.values(new_keys, self.dim), counts[new], version
+                    new_keys,
+                    self.config.initializer.values(new_keys, self.dim),
+                    counts[new],
+                    version,
                 )
                 rows[new] = self._dram.insert(new_keys, records)
                 admitted[new] = True
@@ -386,8 +389,11 @@ class Table:
             forgotten = self._admission.compact(self._min_live())
         if expired.any() or n_l2:
             self._bump_version()
-        return {"expired": int(np.count_nonzero(expired)), "l2": n_l2,
-                "admission_forgotten": forgotten}
+        return {
+            "expired": int(np.count_nonzero(expired)),
+            "l2": n_l2,
+            "admission_forgotten": forgotten,
+        }
 
     def stats(self) -> dict[str, Any]:
         """Counts that say what the table holds and what its policies did."""
@@ -415,7 +421,7 @@ class Table:
 
     def _state_arrays(self) -> dict[str, np.ndarray]:
         live = self._dram.live_rows()
-        state = {
+        state: dict[str, np.ndarray] = {
             "keys": self._dram.row_keys[live],
             "records": self._dram.read(live).pack().view(np.uint8),
             "counters": np.array(
@@ -429,9 +435,7 @@ class Table:
         return state
 
     def _load_state(self, state: dict[str, np.ndarray]) -> None:
-        records = RecordBatch.unpack(
-            state["records"].tobytes(), self.dim, self._optimizer.n_slots
-        )
+        records = RecordBatch.unpack(state["records"].tobytes(), self.dim, self._optimizer.n_slots)
         keys = state["keys"].astype(np.int64)
         if keys.shape[0] != len(records):
             raise ValueError(f"{keys.shape[0]} keys for {len(records)} records")
@@ -441,7 +445,7 @@ class Table:
         self._counters.update(zip(self._COUNTERS, c[4:], strict=True))
         prefix = "admission."
         self._admission.load_arrays(
-            {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         )
 
     def __repr__(self) -> str:

@@ -48,9 +48,7 @@ def test_admitted_row_starts_from_the_value_it_read_before(db) -> None:
 
 
 def test_counter_memory_stays_bounded_under_keys_that_never_repeat(db) -> None:
-    t = db.create_table(
-        "t", dim=2, admission=evdb.admission.Counter(min_count=2, max_pending=5000)
-    )
+    t = db.create_table("t", dim=2, admission=evdb.admission.Counter(min_count=2, max_pending=5000))
     sizes = []
     for step in range(40):
         t.pull(np.arange(step * 1000, (step + 1) * 1000, dtype=np.int64))  # never repeats
@@ -85,7 +83,8 @@ def test_compact_forgets_pending_counts_older_than_the_ttl(db) -> None:
 def test_bloom_never_admits_late_and_rarely_early(db) -> None:
     capacity, rate = 20_000, 0.01
     t = db.create_table(
-        "t", dim=2,
+        "t",
+        dim=2,
         admission=evdb.admission.Bloom(min_count=3, capacity=capacity, error_rate=rate),
     )
     keys = np.arange(capacity, dtype=np.int64) * 7919 + 11

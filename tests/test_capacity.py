@@ -11,7 +11,7 @@ import evdb
 def test_table_stays_within_capacity_after_every_call(db) -> None:
     t = db.create_table("t", dim=2, dram_rows=50)
     rng = np.random.default_rng(0)
-    for step in range(30):
+    for _ in range(30):
         p = t.pull(rng.integers(0, 500, 40))
         assert len(t) <= 50
         t.push(p, np.zeros((p.keys.shape[0], 2)))

@@ -80,7 +80,7 @@ def test_a_damaged_manifest_fails_with_the_file_named(tmp_path: Path) -> None:
     with evdb.open(tmp_path) as db:
         db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
     (tmp_path / "evdb.json").write_text("{not json")
-    with pytest.raises(evdb.CorruptDataError, match="evdb.json"):
+    with pytest.raises(evdb.CorruptDataError, match=r"evdb\.json"):
         evdb.open(tmp_path)
     with evdb.open(tmp_path / "fresh"):  # and the lock of the failed open was released
         pass

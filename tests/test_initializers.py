@@ -54,8 +54,13 @@ def test_normal_is_box_muller_over_streams_0_and_1() -> None:
     init = evdb.init.Normal(2.0, 3.0, seed=5)
     got = init.values(KEYS[:2], 3)
     want = [
-        [2.0 + 3.0 * math.sqrt(-2 * math.log(uniform01(5, k, c, 0)))
-         * math.cos(2 * math.pi * uniform01(5, k, c, 1)) for c in range(3)]
+        [
+            2.0
+            + 3.0
+            * math.sqrt(-2 * math.log(uniform01(5, k, c, 0)))
+            * math.cos(2 * math.pi * uniform01(5, k, c, 1))
+            for c in range(3)
+        ]
         for k in KEYS[:2].tolist()
     ]
     np.testing.assert_allclose(got, np.array(want, dtype=np.float32), rtol=1e-6)

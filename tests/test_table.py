@@ -13,7 +13,9 @@ EDGE = np.array([0, -1, 1, 2**63 - 1, -(2**63)], dtype=np.int64)
 
 
 def snapshot(t: evdb.Table) -> dict[int, bytes]:
-    return {k: v.tobytes() for keys, vals in t.items() for k, v in zip(keys.tolist(), vals, strict=True)}
+    return {
+        k: v.tobytes() for keys, vals in t.items() for k, v in zip(keys.tolist(), vals, strict=True)
+    }
 
 
 def test_every_int64_is_a_valid_key(db) -> None:
@@ -29,14 +31,16 @@ def test_every_int64_is_a_valid_key(db) -> None:
 def test_lookup_of_a_missing_key_reads_its_initializer_and_stores_nothing(db) -> None:
     t = db.create_table("t", dim=6, initializer=evdb.init.Uniform(-1, 1, seed=3))
     got = t.lookup([10, 11, 10])
-    np.testing.assert_array_equal(got, evdb.init.Uniform(-1, 1, seed=3).values(
-        np.array([10, 11, 10], np.int64), 6))
+    np.testing.assert_array_equal(
+        got, evdb.init.Uniform(-1, 1, seed=3).values(np.array([10, 11, 10], np.int64), 6)
+    )
     assert len(t) == 0 and not t.contains([10]).any()
 
 
 def test_constant_default_value(db) -> None:
-    t = db.create_table("t", dim=2, default_value=-3.0,
-                        admission=evdb.admission.Counter(min_count=2))
+    t = db.create_table(
+        "t", dim=2, default_value=-3.0, admission=evdb.admission.Counter(min_count=2)
+    )
     assert t.lookup([1]).tolist() == [[-3.0, -3.0]]
     p = t.pull([1])
     assert p.rows.tolist() == [[-3.0, -3.0]] and not p.admitted[0]
@@ -51,7 +55,9 @@ def test_lookup_accepts_and_fills_out(db) -> None:
     out = np.full((3, 4), np.nan, np.float32)
     assert t.lookup([2, 1, 9], out=out) is out
     assert np.isfinite(out).all()
-    with pytest.raises(ValueError, match=r"out must be a C-contiguous float32 array of shape \(3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"out must be a C-contiguous float32 array of shape \(3, 4\)"
+    ):
         t.lookup([2, 1, 9], out=np.empty((3, 5), np.float32))
 
 
@@ -154,7 +160,7 @@ def test_non_finite_gradients_raise_and_change_nothing(db) -> None:
     with pytest.raises(ValueError, match=r"grads must have shape \(2, 2\)"):
         t.push(p, np.ones((3, 2)))
     other = db.create_table("u", dim=2)
-    with pytest.raises(ValueError, match="pulled must be what 'u'.pull"):
+    with pytest.raises(ValueError, match=r"pulled must be what 'u'\.pull"):
         other.push(p, np.ones((2, 2)))
     assert snapshot(t) == before
 
@@ -166,8 +172,11 @@ def test_non_finite_gradients_raise_and_change_nothing(db) -> None:
         (lambda t: t.upsert([[1, 2]], [[1.0, 1.0]]), ValueError, "keys must be 1-D"),
         (lambda t: t.upsert([1, 2], [[1.0, 1.0]]), ValueError, r"values must have shape \(2, 2\)"),
         (lambda t: t.upsert([1], [["x", "y"]]), TypeError, "values must be a float array"),
-        (lambda t: t.upsert([1, 2], [[1.0, 1.0], [1.0, np.nan]]), ValueError,
-         r"values\[1, 1\] = nan is not finite"),
+        (
+            lambda t: t.upsert([1, 2], [[1.0, 1.0], [1.0, np.nan]]),
+            ValueError,
+            r"values\[1, 1\] = nan is not finite",
+        ),
         (lambda t: t.lookup([1, 2.5]), TypeError, r"keys\[1\] is float 2.5"),
         (lambda t: t.pull(np.zeros((2, 2), np.int64)), ValueError, "keys must be 1-D"),
         (lambda t: t.delete(["k"]), TypeError, r"keys\[0\]"),
@@ -226,9 +235,13 @@ def test_stats_report_rows_tiers_and_admission(db) -> None:
 
 def test_rows_and_config_survive_close_and_reopen(tmp_path: Path) -> None:
     config = dict(
-        dim=4, initializer=evdb.init.TruncatedNormal(0.0, 0.1, seed=5),
-        admission=evdb.admission.Counter(min_count=2, max_pending=99), ttl_steps=7,
-        l2_threshold=0.01, default_value="init", dram_rows=1000,
+        dim=4,
+        initializer=evdb.init.TruncatedNormal(0.0, 0.1, seed=5),
+        admission=evdb.admission.Counter(min_count=2, max_pending=99),
+        ttl_steps=7,
+        l2_threshold=0.01,
+        default_value="init",
+        dram_rows=1000,
         optimizer=evdb.optim.SGD(lr=0.25),
     )
     with evdb.open(tmp_path) as db:

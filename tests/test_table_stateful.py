@@ -49,9 +49,14 @@ class TableMachine(RuleBasedStateMachine):
 
     def _create(self) -> evdb.Table:
         return self.db.create_table(
-            "t", dim=DIM, initializer=INIT, ttl_steps=TTL, l2_threshold=L2,
+            "t",
+            dim=DIM,
+            initializer=INIT,
+            ttl_steps=TTL,
+            l2_threshold=L2,
             admission=evdb.admission.Counter(min_count=MIN_COUNT),
-            optimizer=evdb.optim.SGD(lr=LR), dram_rows=self.capacity,
+            optimizer=evdb.optim.SGD(lr=LR),
+            dram_rows=self.capacity,
         )
 
     def teardown(self) -> None:
@@ -116,8 +121,9 @@ class TableMachine(RuleBasedStateMachine):
     def push(self, data: st.DataObject, per_position: bool) -> None:
         p = self.pulled
         n = p.inverse.shape[0] if per_position else p.keys.shape[0]
-        grads = np.array(data.draw(st.lists(floats, min_size=n * DIM, max_size=n * DIM)),
-                         dtype=np.float32).reshape(n, DIM)
+        grads = np.array(
+            data.draw(st.lists(floats, min_size=n * DIM, max_size=n * DIM)), dtype=np.float32
+        ).reshape(n, DIM)
         self.t.push(p, grads, per_position=per_position)
         if per_position:
             summed = np.zeros((p.keys.shape[0], DIM), np.float32)
@@ -134,9 +140,10 @@ class TableMachine(RuleBasedStateMachine):
 
     @rule(keys=keys_st, data=st.data())
     def upsert(self, keys: list[int], data: st.DataObject) -> None:
-        values = np.array(data.draw(st.lists(floats, min_size=len(keys) * DIM,
-                                             max_size=len(keys) * DIM)),
-                          dtype=np.float32).reshape(len(keys), DIM)
+        values = np.array(
+            data.draw(st.lists(floats, min_size=len(keys) * DIM, max_size=len(keys) * DIM)),
+            dtype=np.float32,
+        ).reshape(len(keys), DIM)
         uniq = set(keys)
         if self.capacity is not None:
             pinned = {k for k in self.in_flight if self.live(k)}
@@ -168,8 +175,7 @@ class TableMachine(RuleBasedStateMachine):
         expired = [k for k in self.rows if not self.live(k)]
         for k in expired:
             del self.rows[k]
-        weak = [k for k, r in self.rows.items()
-                if np.linalg.norm(r["value"]) < np.float32(L2)]
+        weak = [k for k, r in self.rows.items() if np.linalg.norm(r["value"]) < np.float32(L2)]
         for k in weak:
             del self.rows[k]
         stale = [k for k, (_, seen) in self.pending.items() if self.step - seen > TTL]
@@ -201,16 +207,23 @@ class TableMachine(RuleBasedStateMachine):
         np.testing.assert_array_equal(self.t.lookup(pool), want)
         assert self.t.contains(pool).tolist() == [self.live(k) for k in POOL]
         assert len(self.t) == sum(self.live(k) for k in self.rows)
-        items = {k: v for keys, vals in self.t.items(chunk_rows=3)
-                 for k, v in zip(keys.tolist(), vals, strict=True)}
+        items = {
+            k: v
+            for keys, vals in self.t.items(chunk_rows=3)
+            for k, v in zip(keys.tolist(), vals, strict=True)
+        }
         assert sorted(items) == sorted(k for k in self.rows if self.live(k))
         if self.capacity is not None:
             assert len(self.t._dram) <= self.capacity
             assert self.t.stats()["tiers"]["dram"]["evictions"] >= self.evicted
 
 
-SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 class UnboundedTable(TableMachine):

@@ -73,7 +73,9 @@ _hash_find_serial = njit(types.void(I8, I8, I8, I8), **_OPTS)(_hash_find)
 _hash_find_parallel = njit(types.void(I8, I8, I8, I8), parallel=True, **_OPTS)(_hash_find)
 
 
-def hash_find(slot_keys, slot_rows, keys, out):  # type: ignore[no-untyped-def]
+def hash_find(
+    slot_keys: np.ndarray, slot_rows: np.ndarray, keys: np.ndarray, out: np.ndarray
+) -> None:
     """out[i] = row of keys[i] or -1 (see reference.hash_find)."""
     kernel = _hash_find_parallel if keys.shape[0] >= PARALLEL_MIN_KEYS else _hash_find_serial
     kernel(slot_keys, slot_rows, keys, out)
@@ -143,13 +145,20 @@ _probe_gather_serial = njit(_PG_SIG, **_OPTS)(_probe_gather)
 _probe_gather_parallel = njit(_PG_SIG, parallel=True, **_OPTS)(_probe_gather)
 
 
-def probe_gather(  # type: ignore[no-untyped-def]
-    slot_keys, slot_rows, values, last_step, keys, min_live_step, out, out_rows
-):
+def probe_gather(
+    slot_keys: np.ndarray,
+    slot_rows: np.ndarray,
+    values: np.ndarray,
+    last_step: np.ndarray,
+    keys: np.ndarray,
+    min_live_step: int,
+    out: np.ndarray,
+    out_rows: np.ndarray,
+) -> int:
     """Fused probe + TTL check + gather (see reference.probe_gather); returns keys missing."""
     parallel = keys.shape[0] >= PARALLEL_MIN_KEYS
     kernel = _probe_gather_parallel if parallel else _probe_gather_serial
-    return kernel(slot_keys, slot_rows, values, last_step, keys, min_live_step, out, out_rows)
+    return int(kernel(slot_keys, slot_rows, values, last_step, keys, min_live_step, out, out_rows))
 
 
 @njit(i8(I8, I8, I8, I8), **_OPTS)

@@ -94,8 +94,14 @@ class DramTier(Tier):
         """Fused probe + TTL check + gather into out; returns how many keys were missing."""
         return int(
             cpu.probe_gather(
-                self.index.slot_keys, self.index.slot_rows, self.values, self.last_step,
-                keys, min_live_step, out, out_rows,
+                self.index.slot_keys,
+                self.index.slot_rows,
+                self.values,
+                self.last_step,
+                keys,
+                min_live_step,
+                out,
+                out_rows,
             )
         )
 
@@ -118,8 +124,11 @@ class DramTier(Tier):
 
     def read(self, rows: Int64Array) -> RecordBatch:
         return RecordBatch(
-            values=self.values[rows], slots=self.slots[rows], freq=self.freq[rows],
-            last_step=self.last_step[rows], version=self.version[rows],
+            values=self.values[rows],
+            slots=self.slots[rows],
+            freq=self.freq[rows],
+            last_step=self.last_step[rows],
+            version=self.version[rows],
         )
 
     def remove_rows(self, rows: Int64Array) -> None:
@@ -223,6 +232,9 @@ class DramTier(Tier):
 
 def _take(records: RecordBatch, mask: BoolArray) -> RecordBatch:
     return RecordBatch(
-        values=records.values[mask], slots=records.slots[mask], freq=records.freq[mask],
-        last_step=records.last_step[mask], version=records.version[mask],
+        values=records.values[mask],
+        slots=records.slots[mask],
+        freq=records.freq[mask],
+        last_step=records.last_step[mask],
+        version=records.version[mask],
     )

@@ -87,7 +87,9 @@ def test_probe_gather_matches_reference(kernels, reference, rng, n_probe) -> Non
     keys = random_keys(rng, 400)
     values = rng.standard_normal((keys.shape[0], dim)).astype(np.float32)
     last_step = rng.integers(0, 10, keys.shape[0]).astype(np.int64)
-    probe = np.concatenate([keys, random_keys(rng, 300)])[rng.integers(0, keys.shape[0] + 300, n_probe)]
+    probe = np.concatenate([keys, random_keys(rng, 300)])[
+        rng.integers(0, keys.shape[0] + 300, n_probe)
+    ]
     outs = []
     for mod in (reference, kernels):
         sk, sr = empty_index(1024)

@@ -39,8 +39,15 @@ class TierContract:
         assert len(tier) == 5
         found, got = tier.get(keys[::-1])
         assert found.all()
-        assert_same(got, RecordBatch(*(getattr(recs, f)[::-1] for f in
-                                       ("values", "slots", "freq", "last_step", "version"))))
+        assert_same(
+            got,
+            RecordBatch(
+                *(
+                    getattr(recs, f)[::-1]
+                    for f in ("values", "slots", "freq", "last_step", "version")
+                )
+            ),
+        )
 
     def test_get_reports_missing_keys(self, tier: Tier) -> None:
         tier.put(np.array([1, 2], np.int64), records(2))
@@ -82,7 +89,9 @@ class TierContract:
         all_keys = np.concatenate(seen_keys)
         assert sorted(all_keys.tolist()) == sorted(keys[10:].tolist())
         order = np.argsort(all_keys)
-        np.testing.assert_array_equal(np.concatenate(seen_vals)[order], recs.values[10:][np.argsort(keys[10:])])
+        np.testing.assert_array_equal(
+            np.concatenate(seen_vals)[order], recs.values[10:][np.argsort(keys[10:])]
+        )
 
     def test_stats_have_rows_capacity_bytes_evictions(self, tier: Tier) -> None:
         tier.put(np.arange(10, dtype=np.int64), records(10))
