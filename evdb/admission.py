@@ -210,7 +210,7 @@ class _CounterState(AdmissionState):
         return totals
 
     def _live_slots(self) -> Int64Array:
-        return self.index.slot_rows[self.index.slot_rows >= 0]
+        return self.index.live_rows()
 
     def _drop(self, slots: Int64Array) -> None:
         self.index.remove(self.keys[slots])

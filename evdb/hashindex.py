@@ -17,6 +17,12 @@ MAX_LOAD = 0.7
 _MIN_SLOTS = 1024
 
 
+def _empty_slots(cap: int) -> Int64Array:
+    slots = np.empty((cap, 2), dtype=np.int64)
+    slots[:, 1] = -1
+    return slots
+
+
 def _slots_for(n_keys: int) -> int:
     cap = _MIN_SLOTS
     while cap * MAX_LOAD < n_keys:
@@ -28,47 +34,47 @@ class HashIndex:
     """int64 keys -> int64 rows; every int64 is a valid key (occupancy lives in the rows)."""
 
     def __init__(self, expected_keys: int = 0) -> None:
-        cap = _slots_for(expected_keys)
-        self.slot_keys: Int64Array = np.empty(cap, dtype=np.int64)
-        self.slot_rows: Int64Array = np.full(cap, -1, dtype=np.int64)
+        self.slots: Int64Array = _empty_slots(_slots_for(expected_keys))
         self.size = 0
 
     @property
     def nbytes(self) -> int:
-        return int(self.slot_keys.nbytes + self.slot_rows.nbytes)
+        return int(self.slots.nbytes)
 
     def find(self, keys: Int64Array, out: Int64Array | None = None) -> Int64Array:
         """Rows of keys (n,), -1 where absent."""
         if out is None:
             out = np.empty(keys.shape[0], dtype=np.int64)
-        cpu.hash_find(self.slot_keys, self.slot_rows, np.ascontiguousarray(keys), out)
+        cpu.hash_find(self.slots, np.ascontiguousarray(keys), out)
         return out
 
     def insert(self, keys: Int64Array, rows: Int64Array) -> None:
         """Add keys that are not in the index yet (the caller deduplicates)."""
         self.reserve(self.size + keys.shape[0])
-        cpu.hash_insert(
-            self.slot_keys, self.slot_rows, np.ascontiguousarray(keys), np.ascontiguousarray(rows)
-        )
+        cpu.hash_insert(self.slots, np.ascontiguousarray(keys), np.ascontiguousarray(rows))
         self.size += int(keys.shape[0])
 
     def remove(self, keys: Int64Array) -> Int64Array:
         """Remove keys; returns the rows they had (-1 where absent)."""
         out = np.empty(keys.shape[0], dtype=np.int64)
-        cpu.hash_remove(self.slot_keys, self.slot_rows, np.ascontiguousarray(keys), out)
+        cpu.hash_remove(self.slots, np.ascontiguousarray(keys), out)
         self.size -= int(np.count_nonzero(out >= 0))
         return out
 
     def reserve(self, n_keys: int) -> None:
         """Grow (rehash into a larger power of two) so n_keys fit under MAX_LOAD."""
         cap = _slots_for(n_keys)
-        if cap <= self.slot_keys.shape[0]:
+        if cap <= self.slots.shape[0]:
             return
-        used = self.slot_rows >= 0
-        keys, rows = self.slot_keys[used], self.slot_rows[used]
-        self.slot_keys = np.empty(cap, dtype=np.int64)
-        self.slot_rows = np.full(cap, -1, dtype=np.int64)
-        cpu.hash_insert(self.slot_keys, self.slot_rows, keys, rows)
+        used = self.slots[self.slots[:, 1] >= 0]
+        self.slots = _empty_slots(cap)
+        cpu.hash_insert(
+            self.slots, np.ascontiguousarray(used[:, 0]), np.ascontiguousarray(used[:, 1])
+        )
+
+    def live_rows(self) -> Int64Array:
+        """Rows of every key in the index, in slot order."""
+        return self.slots[self.slots[:, 1] >= 0, 1]
 
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]

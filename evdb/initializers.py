@@ -4,8 +4,9 @@ An unseen or not-yet-admitted key must read the same vector on every call, tier,
 process and restart, and be admitted with exactly that vector. So no initializer keeps a
 random state: each draws its numbers from a counter-based generator, splitmix64 over
 ``(seed, key, column, stream)``, the way JAX's threefry or Philox are used. Uniform variates use
-53 random bits in float64 and the result is rounded once to float32; the CUDA port computes the
-same float64 expression.
+53 random bits in float64 and the result is rounded once to float32. The generators are kernels
+(``evdb.kernels.reference.fill_*`` is the spec, ``cpu.fill_*`` what runs), and lookups and pulls
+use the same one, so a row starts from exactly the value its key read before admission.
 
 Examples
 --------
@@ -27,7 +28,7 @@ import numpy as np
 
 from evdb._types import Float32Array, Int64Array
 from evdb.errors import ConfigError
-from evdb.kernels.hashing import GOLDEN_GAMMA, mix64_np
+from evdb.kernels import cpu
 
 __all__ = [
     "Constant",
@@ -39,30 +40,6 @@ __all__ = [
     "Zeros",
     "from_dict",
 ]
-
-_TWO_PI = 2.0 * math.pi
-_TRUNCATE_AT = 2.0  # TruncatedNormal keeps draws within 2 std, as tf.truncated_normal does
-_MAX_REDRAWS = 64  # P(|z| > 2) = 0.0455, so 64 redraws fail with probability 1e-86
-
-
-def _uniform01(seed: int, keys: Int64Array, dim: int, stream: int) -> np.ndarray:
-    """(n, dim) float64 in the open interval (0, 1), a pure function of its arguments."""
-    salt = mix64_np(
-        np.array([seed], dtype=np.uint64)
-        + np.array([stream], dtype=np.uint64) * GOLDEN_GAMMA  # arrays wrap silently
-    )
-    base = mix64_np(keys.view(np.uint64) ^ salt)  # (n,)
-    cols = (np.arange(1, dim + 1, dtype=np.uint64) * GOLDEN_GAMMA)[None, :]
-    bits = mix64_np(base[:, None] + cols)  # (n, dim)
-    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 2**53)
-
-
-def _standard_normal(seed: int, keys: Int64Array, dim: int, stream: int) -> np.ndarray:
-    """Box-Muller over streams (2*stream, 2*stream + 1): (n, dim) float64 N(0, 1)."""
-    u1 = _uniform01(seed, keys, dim, 2 * stream)
-    u2 = _uniform01(seed, keys, dim, 2 * stream + 1)
-    z: np.ndarray = np.sqrt(-2.0 * np.log(u1)) * np.cos(_TWO_PI * u2)
-    return z
 
 
 def _parse_finite(name: str, value: float) -> float:
@@ -145,8 +122,9 @@ class Uniform(Initializer):
         _parse_seed(self.seed)
 
     def values(self, keys: Int64Array, dim: int) -> Float32Array:
-        u = _uniform01(self.seed, keys, dim, 0)
-        return (self.low + (self.high - self.low) * u).astype(np.float32)
+        out = np.empty((keys.shape[0], dim), dtype=np.float32)
+        cpu.fill_uniform(np.ascontiguousarray(keys), np.uint64(self.seed), self.low, self.high, out)
+        return out
 
 
 @dataclass(frozen=True)
@@ -167,32 +145,31 @@ class Normal(Initializer):
         object.__setattr__(self, "std", std)
         _parse_seed(self.seed)
 
+    _truncate: ClassVar[bool] = False
+
     def values(self, keys: Int64Array, dim: int) -> Float32Array:
-        z = _standard_normal(self.seed, keys, dim, 0)
-        return (self.mean + self.std * z).astype(np.float32)
+        out = np.empty((keys.shape[0], dim), dtype=np.float32)
+        cpu.fill_normal(
+            np.ascontiguousarray(keys),
+            np.uint64(self.seed),
+            self.mean,
+            self.std,
+            self._truncate,
+            out,
+        )
+        return out
 
 
 @dataclass(frozen=True)
 class TruncatedNormal(Normal):
-    """Normal(mean, std) redrawn until within 2 std of the mean (tf.truncated_normal)."""
+    """Normal(mean, std) redrawn until within 2 std of the mean (tf.truncated_normal).
+
+    Each element redraws from its own counter stream, so the result never depends on the
+    other keys of the batch."""
 
     kind: ClassVar[str] = "truncated_normal"
 
-    def values(self, keys: Int64Array, dim: int) -> Float32Array:
-        # Redraw stream by stream: element (key, col) takes the first of its own draws that
-        # falls inside, so the result does not depend on the other keys in the batch.
-        z = _standard_normal(self.seed, keys, dim, 0)
-        bad = np.abs(z) > _TRUNCATE_AT
-        stream = 1
-        while bad.any() and stream < _MAX_REDRAWS:
-            rows = np.flatnonzero(bad.any(axis=1))
-            redraw = _standard_normal(self.seed, keys[rows], dim, stream)
-            sub = bad[rows]
-            z[rows] = np.where(sub, redraw, z[rows])
-            bad[rows] = sub & (np.abs(redraw) > _TRUNCATE_AT)
-            stream += 1
-        np.clip(z, -_TRUNCATE_AT, _TRUNCATE_AT, out=z)
-        return (self.mean + self.std * z).astype(np.float32)
+    _truncate: ClassVar[bool] = True
 
 
 _KINDS: dict[str, type[Initializer]] = {

@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 import evdb
 from evdb.kernels import BACKENDS, backend
 
 HAS_GPU = importlib.util.find_spec("cupy") is not None
+
+# The default profile keeps the suite within minutes on 2 cores; HYPOTHESIS_PROFILE=thorough
+# runs ten times the examples (for local soaks before touching the table's state logic).
+settings.register_profile(
+    "default",
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=600,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -156,8 +155,9 @@ class TableMachine(RuleBasedStateMachine):
             if self.live(key):
                 self.rows[key]["value"] = value
                 self.rows[key]["last_step"] = self.step
-            else:
+            else:  # new or expired: a new row, which is not part of the batch in flight
                 self.rows[key] = {"value": value, "last_step": self.step, "freq": 0}
+                self.in_flight.discard(key)
             self.pending.pop(key, None)
         self.sync_evictions(uniq)
 
@@ -169,6 +169,7 @@ class TableMachine(RuleBasedStateMachine):
         for key in uniq:
             self.rows.pop(key, None)
             self.pending.pop(key, None)
+        self.in_flight -= uniq  # a deleted row leaves the batch; a re-created one is new
 
     @rule()
     def compact(self) -> None:
@@ -218,14 +219,6 @@ class TableMachine(RuleBasedStateMachine):
             assert self.t.stats()["tiers"]["dram"]["evictions"] >= self.evicted
 
 
-SETTINGS = settings(
-    max_examples=60,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-
-
 class UnboundedTable(TableMachine):
     capacity = None
 
@@ -235,6 +228,4 @@ class BoundedTable(TableMachine):
 
 
 TestUnboundedTable = UnboundedTable.TestCase
-TestUnboundedTable.settings = SETTINGS
 TestBoundedTable = BoundedTable.TestCase
-TestBoundedTable.settings = SETTINGS

@@ -13,6 +13,8 @@ from types import ModuleType
 from evdb.errors import ConfigError
 
 KERNELS = (
+    "fill_normal",
+    "fill_uniform",
     "hash_find",
     "hash_insert",
     "hash_remove",

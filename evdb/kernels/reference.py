@@ -8,9 +8,10 @@ the reference states the *observable* contract instead: what ``hash_find`` retur
 
 Shared conventions
 ------------------
-* The hash index is open addressing over two parallel arrays of power-of-two length ``cap``:
-  ``slot_keys (cap,) int64`` and ``slot_rows (cap,) int64``. A slot is occupied iff its row is
-  ``>= 0``; every int64 is a valid key, occupancy never borrows a key value.
+* The hash index is open addressing over ``slots (cap, 2) int64`` with ``cap`` a power of two:
+  ``slots[j, 0]`` is a key and ``slots[j, 1]`` its row (key and row share a cache line, so a
+  probe costs one miss). A slot is occupied iff its row is ``>= 0``; every int64 is a valid
+  key, occupancy never borrows a key value.
 * Outputs come last and are written in place (``out``).
 """
 
@@ -18,9 +19,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from evdb.kernels.hashing import mix64_np
+from evdb.kernels.hashing import GOLDEN_GAMMA, mix64_np
+
+TRUNCATE_AT = 2.0  # truncated normal keeps draws within 2 std, as tf.truncated_normal does
+MAX_REDRAWS = 64  # P(|z| > 2) = 0.0455, so 64 redraws all fail with probability 1e-86
 
 __all__ = [
+    "fill_normal",
+    "fill_uniform",
     "hash_find",
     "hash_insert",
     "hash_remove",
@@ -30,62 +36,53 @@ __all__ = [
 ]
 
 
-def _occupied_map(slot_keys: np.ndarray, slot_rows: np.ndarray) -> dict[int, int]:
-    used = slot_rows >= 0
-    return dict(zip(slot_keys[used].tolist(), slot_rows[used].tolist(), strict=True))
+def _occupied_map(slots: np.ndarray) -> dict[int, int]:
+    used = slots[:, 1] >= 0
+    return dict(zip(slots[used, 0].tolist(), slots[used, 1].tolist(), strict=True))
 
 
-def hash_find(
-    slot_keys: np.ndarray, slot_rows: np.ndarray, keys: np.ndarray, out: np.ndarray
-) -> None:
+def hash_find(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
     """out[i] = the row stored for keys[i], or -1 when the index does not hold keys[i].
 
     keys (n,) int64, out (n,) int64.
     """
-    table = _occupied_map(slot_keys, slot_rows)
+    table = _occupied_map(slots)
     out[:] = [table.get(k, -1) for k in keys.tolist()]
 
 
-def hash_insert(
-    slot_keys: np.ndarray, slot_rows: np.ndarray, keys: np.ndarray, rows: np.ndarray
-) -> None:
+def hash_insert(slots: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> None:
     """Insert or assign: afterwards ``hash_find(keys)`` returns ``rows`` (the last one wins
     for a key given twice). The caller guarantees room (load stays below 1).
 
     Linear probing from ``mix64(key) & (cap - 1)``; this layout is shared with ``cpu.py`` so that
     an index built by one backend can be read by the other.
     """
-    mask = slot_keys.shape[0] - 1
+    mask = slots.shape[0] - 1
     for key, row in zip(keys.tolist(), rows.tolist(), strict=True):
         j = int(mix64_np(np.array([key], dtype=np.int64).view(np.uint64))[0]) & mask
-        while slot_rows[j] >= 0 and slot_keys[j] != key:
+        while slots[j, 1] >= 0 and slots[j, 0] != key:
             j = (j + 1) & mask
-        slot_keys[j] = key
-        slot_rows[j] = row
+        slots[j] = key, row
 
 
-def hash_remove(
-    slot_keys: np.ndarray, slot_rows: np.ndarray, keys: np.ndarray, out: np.ndarray
-) -> None:
+def hash_remove(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
     """Remove keys; out[i] = the row keys[i] had, or -1 if it was absent (or removed earlier in
     this same call). Afterwards the remaining keys are still found (no tombstones are left:
     the index is rebuilt here; ``cpu.py`` shifts entries back instead)."""
-    table = _occupied_map(slot_keys, slot_rows)
+    table = _occupied_map(slots)
     for i, key in enumerate(keys.tolist()):
         out[i] = table.pop(key, -1)
-    slot_rows[:] = -1
+    slots[:, 1] = -1
     if table:
         hash_insert(
-            slot_keys,
-            slot_rows,
+            slots,
             np.fromiter(table.keys(), dtype=np.int64, count=len(table)),
             np.fromiter(table.values(), dtype=np.int64, count=len(table)),
         )
 
 
 def probe_gather(
-    slot_keys: np.ndarray,
-    slot_rows: np.ndarray,
+    slots: np.ndarray,
     values: np.ndarray,
     last_step: np.ndarray,
     keys: np.ndarray,
@@ -99,7 +96,7 @@ def probe_gather(
     into out_rows (n,) int64; out[i] = values[r] for found keys, untouched for the others.
     Returns the number of keys not found. values (rows, dim) float32, out (n, dim) float32.
     """
-    hash_find(slot_keys, slot_rows, keys, out_rows)
+    hash_find(slots, keys, out_rows)
     found = out_rows >= 0
     found[found] = last_step[out_rows[found]] >= min_live_step
     out_rows[~found] = -1
@@ -159,3 +156,64 @@ def sketch_add(
     np.minimum(acc, 255, out=acc)
     counters[:] = acc
     out[:] = acc[pos].min(axis=1) if n_hashes else 0
+
+
+# -- initializers: counter-based generators, pure functions of (seed, key, column, stream) --
+
+
+def uniform01(seed: int, keys: np.ndarray, dim: int, stream: int) -> np.ndarray:
+    """(n, dim) float64 in the open interval (0, 1): 53 bits of
+    ``mix64(mix64(key ^ mix64(seed + stream * G)) + (col + 1) * G)``, G the golden gamma."""
+    salt = mix64_np(
+        np.array([seed], dtype=np.uint64)
+        + np.array([stream], dtype=np.uint64) * GOLDEN_GAMMA  # arrays wrap silently
+    )
+    base = mix64_np(keys.view(np.uint64) ^ salt)  # (n,)
+    cols = (np.arange(1, dim + 1, dtype=np.uint64) * GOLDEN_GAMMA)[None, :]
+    bits = mix64_np(base[:, None] + cols)  # (n, dim)
+    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 2**53)
+
+
+def standard_normal(seed: int, keys: np.ndarray, dim: int, attempt: int) -> np.ndarray:
+    """(n, dim) float64 N(0, 1) by Box-Muller, both outputs used: columns 2m and 2m + 1 are
+    ``r cos(t)`` and ``r sin(t)`` of the uniform pair (u1, u2) drawn at column m of streams
+    2 * attempt and 2 * attempt + 1, with r = sqrt(-2 ln u1), t = 2 pi u2."""
+    pairs = (dim + 1) // 2
+    u1 = uniform01(seed, keys, pairs, 2 * attempt)
+    u2 = uniform01(seed, keys, pairs, 2 * attempt + 1)
+    r = np.sqrt(-2.0 * np.log(u1))
+    t = 2.0 * np.pi * u2
+    z = np.empty((keys.shape[0], 2 * pairs), dtype=np.float64)
+    z[:, 0::2] = r * np.cos(t)
+    z[:, 1::2] = r * np.sin(t)
+    return z[:, :dim]
+
+
+def fill_uniform(keys: np.ndarray, seed: int, low: float, high: float, out: np.ndarray) -> None:
+    """out (n, dim) float32 = low + (high - low) * u, u = uniform01(seed, keys, dim, 0)."""
+    u = uniform01(seed, keys, out.shape[1], 0)
+    out[:] = low + (high - low) * u
+
+
+def fill_normal(
+    keys: np.ndarray, seed: int, mean: float, std: float, truncate: bool, out: np.ndarray
+) -> None:
+    """out (n, dim) float32 = mean + std * z, z = standard_normal(seed, keys, dim, 0).
+
+    With ``truncate``, an element whose |z| > 2 takes the first of its own redraws (attempts
+    1, 2, ...) that falls within, so it does not depend on the other keys in the batch.
+    """
+    dim = out.shape[1]
+    z = standard_normal(seed, keys, dim, 0)
+    bad = np.abs(z) > TRUNCATE_AT if truncate else np.zeros(z.shape, dtype=bool)
+    attempt = 1
+    while bad.any() and attempt < MAX_REDRAWS:
+        rows = np.flatnonzero(bad.any(axis=1))
+        redraw = standard_normal(seed, keys[rows], dim, attempt)
+        sub = bad[rows]
+        z[rows] = np.where(sub, redraw, z[rows])
+        bad[rows] = sub & (np.abs(redraw) > TRUNCATE_AT)
+        attempt += 1
+    if truncate:
+        np.clip(z, -TRUNCATE_AT, TRUNCATE_AT, out=z)
+    out[:] = mean + std * z

@@ -94,8 +94,7 @@ class DramTier(Tier):
         """Fused probe + TTL check + gather into out; returns how many keys were missing."""
         return int(
             cpu.probe_gather(
-                self.index.slot_keys,
-                self.index.slot_rows,
+                self.index.slots,
                 self.values,
                 self.last_step,
                 keys,
@@ -181,22 +180,24 @@ class DramTier(Tier):
         self.is_pinned[self._pinned_rows] = False
         self._pinned_rows = np.empty(0, dtype=np.int64)
 
-    @property
-    def n_pinned(self) -> int:
+    def n_pinned(self, min_live_step: int) -> int:
+        """Pinned rows that are still live (an expired row is gone, pinned or not)."""
         rows = np.unique(self._pinned_rows)
-        return int(np.count_nonzero(self.is_pinned[rows]))
+        rows = rows[self.is_pinned[rows]]
+        return int(np.count_nonzero(self.last_step[rows] >= min_live_step))
 
     def evict_to_capacity(
         self, step: int, min_live_step: int, protect: Int64Array | None = None
     ) -> None:
         """When over capacity, drop the lowest-score rows down to the low watermark; pinned
-        rows and ``protect`` rows are never victims."""
+        rows and ``protect`` rows are never victims unless they have expired."""
         cap = self.capacity_rows
         if cap is None or len(self) <= cap:
             return
         target = int(cap * (1.0 - self.config.evict_fraction))
         candidates = self.live_rows()
-        candidates = candidates[~self.is_pinned[candidates]]
+        expired = scoring.is_expired(self.last_step[candidates], min_live_step)
+        candidates = candidates[~self.is_pinned[candidates] | expired]
         if protect is not None:
             candidates = np.setdiff1d(candidates, protect, assume_unique=True)
         n = min(len(self) - target, candidates.shape[0])
@@ -223,7 +224,7 @@ class DramTier(Tier):
             "capacity": self.capacity_rows,
             "evictions": self.evictions,
             "expired_evictions": self.expired_evictions,
-            "pinned": self.n_pinned,
+            "pinned": int(np.count_nonzero(self.is_pinned[np.unique(self._pinned_rows)])),
             "bytes": int(slab + self.index.nbytes),
             "index_bytes": self.index.nbytes,
             "bytes_per_row": (slab + self.index.nbytes) / max(len(self), 1),

@@ -18,13 +18,14 @@ def test_unique_inverse_orders_by_first_occurrence() -> None:
 
 
 def test_probe_gather_treats_rows_older_than_min_live_step_as_missing() -> None:
-    sk, sr = np.zeros(8, np.int64), np.full(8, -1, np.int64)
-    ref.hash_insert(sk, sr, np.array([10, 20], np.int64), np.array([0, 1], np.int64))
+    slots = np.zeros((8, 2), np.int64)
+    slots[:, 1] = -1
+    ref.hash_insert(slots, np.array([10, 20], np.int64), np.array([0, 1], np.int64))
     values = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
     last_step = np.array([5, 3], np.int64)
     out = np.zeros((3, 2), np.float32)
     rows = np.empty(3, np.int64)
-    missing = ref.probe_gather(sk, sr, values, last_step, np.array([20, 10, 30]), 4, out, rows)
+    missing = ref.probe_gather(slots, values, last_step, np.array([20, 10, 30]), 4, out, rows)
     assert missing == 2  # 20 is expired (3 < 4), 30 is absent
     assert rows.tolist() == [-1, 0, -1]
     assert out.tolist() == [[0, 0], [1, 2], [0, 0]]
