@@ -74,7 +74,8 @@ class HashIndex:
 
     def live_rows(self) -> Int64Array:
         """Rows of every key in the index, in slot order."""
-        return self.slots[self.slots[:, 1] >= 0, 1]
+        rows: Int64Array = self.slots[self.slots[:, 1] >= 0, 1]
+        return rows
 
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
