@@ -77,9 +77,6 @@ class HashIndex:
         rows: Int64Array = self.slots[self.slots[:, 1] >= 0, 1]
         return rows
 
-    def clear(self) -> None:
-        self.__init__()  # type: ignore[misc]
-
 
 class RowAllocator:
     """Hands out row numbers of a slab: freed rows first (LIFO), then fresh ones at the top.

@@ -124,6 +124,8 @@ class Table:
     def _live_rows(self, keys: Int64Array) -> Int64Array:
         """Rows of keys, -1 where absent or expired."""
         rows = self._dram.locate(keys)
+        if self.config.ttl_steps is None:
+            return rows
         found = rows >= 0
         found[found] = self._dram.last_step[rows[found]] >= self._min_live()
         rows[~found] = -1
@@ -144,6 +146,8 @@ class Table:
     def _drop_expired(self, keys: Int64Array) -> Int64Array:
         """Rows of keys, after removing the expired ones (which then start afresh)."""
         rows = self._dram.locate(keys)
+        if self.config.ttl_steps is None:
+            return rows
         found = rows >= 0
         stale = found.copy()
         stale[found] = self._dram.last_step[rows[found]] < self._min_live()
