@@ -270,10 +270,10 @@ class Table:
             if new.size:
                 new_keys = uniq[new]
                 self._admission.forget(new_keys)
-                records = self._fresh_records(
+                records = self._fresh_records(  # freq starts at the pulls admission saw
                     new_keys,
                     self.config.initializer.values(new_keys, self.dim),
-                    counts[new],
+                    totals[ok],
                     version,
                 )
                 rows[new] = self._dram.insert(new_keys, records)

@@ -73,6 +73,13 @@ def test_pull_returns_unique_keys_inverse_and_rows(db) -> None:
     assert t._dram.freq[t._dram.locate(p.keys)].tolist() == [2, 3]
 
 
+def test_a_new_row_counts_the_pulls_that_admitted_it(db) -> None:
+    t = db.create_table("t", dim=2, admission=evdb.admission.Counter(min_count=3))
+    t.pull([5, 5])
+    t.pull([5])
+    assert t._dram.freq[t._dram.locate(np.array([5]))].tolist() == [3]
+
+
 def test_ttl_expires_strictly_after_ttl_steps(db) -> None:
     t = db.create_table("t", dim=2, ttl_steps=5)
     t.upsert([1], [[9.0, 9.0]])
@@ -106,7 +113,7 @@ def test_an_expired_row_is_pulled_afresh(db) -> None:
     p = t.pull(key)
     assert p.admitted[0]
     np.testing.assert_array_equal(p.rows, t.config.initializer.values(key, 3))
-    assert t._dram.freq[t._dram.locate(key)][0] == 1  # frequency restarted too
+    assert t._dram.freq[t._dram.locate(key)][0] == 2  # pulls since the restart, not 1 + 2
     assert t.stats()["expired_on_pull"] == 1
 
 
