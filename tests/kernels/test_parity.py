@@ -139,7 +139,7 @@ def test_sketch_add_matches_reference(kernels, reference, rng, n_hashes, width) 
 def test_serial_and_parallel_variants_are_distinct_functions() -> None:
     # numba's on-disk cache keys entries by function name and first line: two dispatchers over
     # one Python function share an entry, and the parallel one silently ran the serial build.
-    from evdb.kernels import cpu
+    from evdb.kernels.cpu import index as cpu
 
     for name in ("hash_find", "probe_gather"):
         serial = getattr(cpu, f"_{name}_serial").py_func.__code__

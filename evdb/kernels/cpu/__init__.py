@@ -1,0 +1,30 @@
+"""Numba versions of the kernels in ``evdb.kernels.reference``: same names, same argument order.
+
+Every kernel is compiled eagerly from an explicit signature with ``nogil=True, cache=True``, so
+the first import pays compilation once per machine and later imports load from the cache.
+Parallel kernels (``prange``) use numba's thread pool; NUMBA_NUM_THREADS caps it. Kernels with
+a serial and a parallel variant pick one by batch size (``PARALLEL_MIN_KEYS``).
+"""
+
+from __future__ import annotations
+
+from evdb.kernels.cpu.index import (
+    hash_find,
+    hash_insert,
+    hash_remove,
+    probe_gather,
+    sketch_add,
+    unique_inverse,
+)
+from evdb.kernels.cpu.init import fill_normal, fill_uniform
+
+__all__ = [
+    "fill_normal",
+    "fill_uniform",
+    "hash_find",
+    "hash_insert",
+    "hash_remove",
+    "probe_gather",
+    "sketch_add",
+    "unique_inverse",
+]

@@ -1,0 +1,67 @@
+"""Numba initializer kernels (see ``reference.init`` for the spec)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+
+from evdb.kernels.cpu._common import F4_2D, I8, OPTS, b1, f8, i8, mix64, u8
+
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_TWO_PI = 2.0 * np.pi
+_TRUNCATE_AT = 2.0
+_MAX_REDRAWS = 64
+
+
+@njit(f8(u8, u8, i8), inline="always", **OPTS)
+def _uniform01(salt, key_bits, col):  # type: ignore[no-untyped-def]
+    base = mix64(key_bits ^ salt)
+    bits = mix64(base + np.uint64(col + 1) * _GAMMA)
+    return (np.float64(bits >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+@njit(u8(u8, i8), inline="always", **OPTS)
+def _salt(seed, stream):  # type: ignore[no-untyped-def]
+    return mix64(seed + np.uint64(stream) * _GAMMA)
+
+
+@njit(types.void(I8, u8, f8, f8, F4_2D), parallel=True, **OPTS)
+def fill_uniform(keys, seed, low, high, out):  # type: ignore[no-untyped-def]
+    salt = _salt(seed, 0)
+    for i in prange(keys.shape[0]):
+        k = np.uint64(keys[i])
+        for c in range(out.shape[1]):
+            out[i, c] = low + (high - low) * _uniform01(salt, k, c)
+
+
+@njit(f8(u8, u8, i8, i8), inline="always", **OPTS)
+def _normal(seed, key_bits, col, attempt):  # type: ignore[no-untyped-def]
+    u1 = _uniform01(_salt(seed, 2 * attempt), key_bits, col // 2)
+    u2 = _uniform01(_salt(seed, 2 * attempt + 1), key_bits, col // 2)
+    r = np.sqrt(-2.0 * np.log(u1))
+    return r * (np.cos(_TWO_PI * u2) if col % 2 == 0 else np.sin(_TWO_PI * u2))
+
+
+@njit(types.void(I8, u8, f8, f8, b1, F4_2D), parallel=True, **OPTS)
+def fill_normal(keys, seed, mean, std, truncate, out):  # type: ignore[no-untyped-def]
+    # Always parallel: one compiled body for every batch size keeps the float64 math (log,
+    # cos, sin) on one code path, so lookup and pull produce bit-identical start rows.
+    # Columns come in Box-Muller pairs (one log and sqrt for two values: 8 -> 4.6 ms for
+    # 6,554 x 64 values); an element outside the truncation redraws on its own.
+    dim = out.shape[1]
+    s0 = _salt(seed, 0)
+    s1 = _salt(seed, 1)
+    for i in prange(keys.shape[0]):
+        k = np.uint64(keys[i])
+        for m in range((dim + 1) // 2):
+            r = np.sqrt(-2.0 * np.log(_uniform01(s0, k, m)))
+            t = _TWO_PI * _uniform01(s1, k, m)
+            for c in range(2 * m, min(2 * m + 2, dim)):
+                z = r * (np.cos(t) if c % 2 == 0 else np.sin(t))
+                if truncate:
+                    attempt = 1
+                    while abs(z) > _TRUNCATE_AT and attempt < _MAX_REDRAWS:
+                        z = _normal(seed, k, c, attempt)
+                        attempt += 1
+                    z = min(max(z, -_TRUNCATE_AT), _TRUNCATE_AT)
+                out[i, c] = mean + std * z

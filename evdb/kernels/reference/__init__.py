@@ -1,0 +1,34 @@
+"""Every kernel in plain numpy (and, where numpy cannot say it, plain Python): the specification.
+
+Slow, obvious and commented. ``cpu`` (numba) and, later, ``gpu`` (CUDA) implement the same
+names with the same argument order, and ``tests/kernels/test_parity.py`` compares them with these
+functions on random inputs. Where a kernel's result depends on layout (the slots a key lands in),
+the reference states the *observable* contract instead: what ``hash_find`` returns after
+``hash_insert``, not which slot was used.
+
+Outputs come last and are written in place (``out``). One module per concern: ``index``
+(hash index), ``init`` (initializers), ``bags`` (combiners), ``optim`` (fused updates).
+"""
+
+from __future__ import annotations
+
+from evdb.kernels.reference.index import (
+    hash_find,
+    hash_insert,
+    hash_remove,
+    probe_gather,
+    sketch_add,
+    unique_inverse,
+)
+from evdb.kernels.reference.init import fill_normal, fill_uniform
+
+__all__ = [
+    "fill_normal",
+    "fill_uniform",
+    "hash_find",
+    "hash_insert",
+    "hash_remove",
+    "probe_gather",
+    "sketch_add",
+    "unique_inverse",
+]
