@@ -63,6 +63,11 @@ class Initializer:
     def values(self, keys: Int64Array, dim: int) -> Float32Array:
         raise NotImplementedError
 
+    def kernel_params(self) -> tuple[int, int, float, float]:
+        """(kind, seed, a, b) for kernels that compute defaults in place: 0 = constant a,
+        1 = uniform [a, b), 2 = normal(a, b), 3 = truncated normal(a, b)."""
+        raise NotImplementedError
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **asdict(self)}
 
@@ -79,6 +84,9 @@ class Constant(Initializer):
 
     def values(self, keys: Int64Array, dim: int) -> Float32Array:
         return np.full((keys.shape[0], dim), self.value, dtype=np.float32)
+
+    def kernel_params(self) -> tuple[int, int, float, float]:
+        return 0, 0, self.value, 0.0
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,9 @@ class Uniform(Initializer):
         cpu.fill_uniform(np.ascontiguousarray(keys), np.uint64(self.seed), self.low, self.high, out)
         return out
 
+    def kernel_params(self) -> tuple[int, int, float, float]:
+        return 1, self.seed, self.low, self.high
+
 
 @dataclass(frozen=True)
 class Normal(Initializer):
@@ -158,6 +169,9 @@ class Normal(Initializer):
             out,
         )
         return out
+
+    def kernel_params(self) -> tuple[int, int, float, float]:
+        return (3 if self._truncate else 2), self.seed, self.mean, self.std
 
 
 @dataclass(frozen=True)

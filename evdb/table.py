@@ -8,16 +8,17 @@ records. See the README's operations table for what each call does on a hit and 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.bags import parse_bags
 from evdb.config import TableConfig
 from evdb.errors import CapacityError, InvalidArgumentError, InvalidTypeError
 from evdb.kernels import cpu
 from evdb.keys import normalize_keys
+from evdb.pulled import Pulled
 from evdb.records import FREQ_MAX, RecordBatch
 from evdb.tiers import scoring
 from evdb.tiers.dram import DramTier
@@ -26,29 +27,6 @@ if TYPE_CHECKING:
     from evdb.database import Database
 
 __all__ = ["Pulled", "Table"]
-
-
-@dataclass(frozen=True, eq=False)
-class Pulled:
-    """What ``Table.pull`` returns: the batch's distinct keys and their rows.
-
-    A batch of n = 5 keys with u = 3 distinct ones::
-
-        keys given to pull   [ 7, 9, 7, 4, 9 ]
-        keys     (u,) int64  [ 7, 9, 4 ]          first-occurrence order
-        inverse  (n,) int64  [ 0, 1, 0, 2, 1 ]    keys[inverse] == the keys given
-        counts   (u,) int64  [ 2, 2, 1 ]
-        rows     (u, dim)    row values (the default value where not admitted)
-        admitted (u,) bool   which keys have a row (push drops gradients of the others)
-    """
-
-    keys: Int64Array
-    inverse: Int64Array
-    rows: Float32Array
-    admitted: BoolArray
-    counts: Int64Array
-    step: int
-    table: str
 
 
 def _float_matrix(x: Any, shape: tuple[int, int], arg: str) -> Float32Array:
@@ -88,7 +66,8 @@ class Table:
         self.dim = config.dim
         self._optimizer = config.optimizer
         self._admission = config.admission.new_state()
-        self._dram = DramTier(config.dim, config.optimizer.n_slots, config.dram)
+        self._n_slots = config.optimizer.n_slots(config.dim)
+        self._dram = DramTier(config.dim, self._n_slots, config.dram)
         self._version = 0  # table-wide mutation counter; rows record the value that changed them
         self._pushes = 0
         self._counters = {"not_admitted": 0, "expired_on_pull": 0, "dropped_gradients": 0}
@@ -137,7 +116,7 @@ class Table:
         n = keys.shape[0]
         return RecordBatch(
             values=values,
-            slots=self._optimizer.initial_slots(n),
+            slots=self._optimizer.initial_slots(n, self.dim),
             freq=np.minimum(freq, FREQ_MAX).astype(np.uint32),
             last_step=np.full(n, self._db.step, dtype=np.int64),
             version=np.full(n, version, dtype=np.uint64),
@@ -176,28 +155,72 @@ class Table:
             )
 
     # -- read path ------------------------------------------------------------------------
-    def lookup(self, keys: Any, *, out: Float32Array | None = None) -> Float32Array:
+    def lookup(
+        self,
+        keys: Any,
+        offsets: Any = None,
+        weights: Any = None,
+        combiner: str | None = None,
+        max_norm: float | None = None,
+        *,
+        out: Float32Array | None = None,
+    ) -> Float32Array:
         """Read rows for inference: never creates rows, never counts toward admission.
 
         Parameters
         ----------
         keys : (n,) int64 array-like, or a sequence of str for a str table
-        out : (n, dim) float32 C-contiguous array, optional
+        offsets : (B,) int array-like, optional
+            Start of each bag in keys (torch.nn.EmbeddingBag's convention: non-decreasing,
+            first 0, no end offset). With it, each bag's rows are combined into one vector.
+        weights : (n,) float array-like, optional
+            Per-key weights of the combination (per_sample_weights); all 1 when absent.
+        combiner : "sum" | "mean" | "sqrtn", optional
+            ``sum(w x)``, ``sum(w x) / sum(w)`` (the default with offsets), or
+            ``sum(w x) / sqrt(sum(w^2))``; a bag that is empty or weighs 0 gives zeros.
+        max_norm : float, optional
+            Each looked-up vector is scaled down to at most this L2 norm first (the stored
+            row is not changed).
+        out : float32 C-contiguous array of the result's shape, optional
             Written in place and returned; reuse it across calls to skip page faults.
 
         Returns
         -------
-        (n, dim) float32: each key's row, or its default value where it has no live row.
+        (n, dim) float32, each key's row or its default value where it has no live row; with
+        offsets, (B, dim) float32, one combined vector per bag. One fused kernel probes,
+        gathers and combines: no (n, dim) matrix is built for a bag lookup.
         """
         k = self._keys(keys)
         n = k.shape[0]
+        plain = offsets is None and weights is None and combiner is None and max_norm is None
+        bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
+        shape = (n if bags is None else bags.n_bags, self.dim)
         if out is None:
-            out = np.empty((n, self.dim), dtype=np.float32)
-        elif out.shape != (n, self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            out = np.empty(shape, dtype=np.float32)
+        elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise InvalidArgumentError(
-                f"out must be a C-contiguous float32 array of shape {(n, self.dim)}, "
+                f"out must be a C-contiguous float32 array of shape {shape}, "
                 f"got {out.dtype} {out.shape}"
             )
+        if bags is not None:
+            kind, seed, a, b = self._default_params()
+            cpu.probe_gather_combine(
+                self._dram.index.slots,
+                self._dram.values,
+                self._dram.last_step,
+                k,
+                bags.bounds,
+                bags.weights,
+                self._min_live(),
+                bags.combiner,
+                bags.max_norm,
+                kind,
+                np.uint64(seed),
+                a,
+                b,
+                out,
+            )
+            return out
         if self._out_rows.shape[0] < n:
             self._out_rows = np.empty(n, dtype=np.int64)
         rows = self._out_rows[:n]
@@ -206,6 +229,12 @@ class Table:
             miss = rows < 0
             out[miss] = self.defaults(k[miss])
         return out
+
+    def _default_params(self) -> tuple[int, int, float, float]:
+        dv = self.config.default_value
+        if dv == "init":
+            return self.config.initializer.kernel_params()
+        return 0, 0, float(dv), 0.0
 
     def contains(self, keys: Any) -> BoolArray:
         """(n,) bool: whether each key has a live row."""
@@ -313,22 +342,35 @@ class Table:
                 + (f" of table {pulled.table!r}" if isinstance(pulled, Pulled) else "")
             )
         u = pulled.keys.shape[0]
-        if per_position:
-            g = _float_matrix(grads, (pulled.inverse.shape[0], self.dim), "grads")
-            summed = np.zeros((u, self.dim), dtype=np.float32)
-            np.add.at(summed, pulled.inverse, g)
-            g = summed
+        n = pulled.inverse.shape[0]
+        g = _float_matrix(grads, ((n if per_position else u), self.dim), "grads")
+        if per_position:  # positions grouped by key: the kernel sums each key's segment
+            bounds = np.zeros(u + 1, dtype=np.int64)
+            np.cumsum(pulled.counts, out=bounds[1:])
+            positions = np.empty(n, dtype=np.int64)
+            cpu.group_positions(pulled.inverse, bounds, positions)
         else:
-            g = _float_matrix(grads, (u, self.dim), "grads")
+            bounds = np.arange(u + 1, dtype=np.int64)
+            positions = bounds[:-1]
         rows = self._live_rows(pulled.keys)
-        ok = pulled.admitted & (rows >= 0)
+        rows[~pulled.admitted] = -1
+        ok = rows >= 0
         self._counters["dropped_gradients"] += int(u - np.count_nonzero(ok))
-        r = rows[ok]
         version = self._bump_version()
-        self._dram.values[r] -= np.float32(self._optimizer.lr) * g[ok]
+        self._pushes += 1
+        cpu.segment_sum_apply(
+            g,
+            positions,
+            bounds,
+            rows,
+            self._optimizer.code,
+            self._optimizer.hyper(self._db.step, self._pushes),
+            self._dram.values,
+            self._dram.slots,
+        )
+        r = rows[ok]
         self._dram.last_step[r] = self._db.step
         self._dram.version[r] = version
-        self._pushes += 1
         self._dram.unpin_all()
         self._dram.evict_to_capacity(self._db.step, self._min_live())
 
@@ -443,7 +485,7 @@ class Table:
         return state
 
     def _load_state(self, state: dict[str, np.ndarray]) -> None:
-        records = RecordBatch.unpack(state["records"].tobytes(), self.dim, self._optimizer.n_slots)
+        records = RecordBatch.unpack(state["records"].tobytes(), self.dim, self._n_slots)
         keys = state["keys"].astype(np.int64)
         if keys.shape[0] != len(records):
             raise ValueError(f"{keys.shape[0]} keys for {len(records)} records")

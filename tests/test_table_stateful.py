@@ -124,14 +124,14 @@ class TableMachine(RuleBasedStateMachine):
             data.draw(st.lists(floats, min_size=n * DIM, max_size=n * DIM)), dtype=np.float32
         ).reshape(n, DIM)
         self.t.push(p, grads, per_position=per_position)
-        if per_position:
-            summed = np.zeros((p.keys.shape[0], DIM), np.float32)
-            np.add.at(summed, p.inverse, grads)
-            grads = summed
+        # The fused update sums each key's gradients in float64, in position order, applies
+        # the rule in float64 and stores float32.
+        summed = np.zeros((p.keys.shape[0], DIM), np.float64)
+        np.add.at(summed, p.inverse if per_position else np.arange(n), grads.astype(np.float64))
         for i, key in enumerate(p.keys.tolist()):
             if p.admitted[i] and self.live(key):
                 row = self.rows[key]
-                row["value"] = row["value"] - np.float32(LR) * grads[i]
+                row["value"] = (row["value"].astype(np.float64) - LR * summed[i]).astype(np.float32)
                 row["last_step"] = self.step
         self.pulled = None
         self.in_flight = set()

@@ -13,12 +13,17 @@ from types import ModuleType
 from evdb.errors import ConfigError
 
 KERNELS = (
+    "combine_backward",
     "fill_normal",
     "fill_uniform",
+    "gather_combine",
+    "group_positions",
     "hash_find",
     "hash_insert",
     "hash_remove",
     "probe_gather",
+    "probe_gather_combine",
+    "segment_sum_apply",
     "sketch_add",
     "unique_inverse",
 )

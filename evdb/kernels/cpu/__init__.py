@@ -8,6 +8,7 @@ a serial and a parallel variant pick one by batch size (``PARALLEL_MIN_KEYS``).
 
 from __future__ import annotations
 
+from evdb.kernels.cpu.bags import combine_backward, gather_combine, probe_gather_combine
 from evdb.kernels.cpu.index import (
     hash_find,
     hash_insert,
@@ -17,14 +18,20 @@ from evdb.kernels.cpu.index import (
     unique_inverse,
 )
 from evdb.kernels.cpu.init import fill_normal, fill_uniform
+from evdb.kernels.cpu.optim import group_positions, segment_sum_apply
 
 __all__ = [
+    "combine_backward",
     "fill_normal",
     "fill_uniform",
+    "gather_combine",
+    "group_positions",
     "hash_find",
     "hash_insert",
     "hash_remove",
     "probe_gather",
+    "probe_gather_combine",
+    "segment_sum_apply",
     "sketch_add",
     "unique_inverse",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, types
 
-from evdb.kernels.cpu._common import F4_2D, I8, OPTS, b1, f8, i8, mix64, u8
+from evdb.kernels.cpu._common import F4_2D, I8, OPTS, b1, f4, f8, i8, mix64, u8
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _TWO_PI = 2.0 * np.pi
@@ -65,3 +65,21 @@ def fill_normal(keys, seed, mean, std, truncate, out):  # type: ignore[no-untype
                         attempt += 1
                     z = min(max(z, -_TRUNCATE_AT), _TRUNCATE_AT)
                 out[i, c] = mean + std * z
+
+
+@njit(f4(i8, u8, f8, f8, u8, i8), inline="always", **OPTS)
+def default_element(kind, seed, a, b, key_bits, col):  # type: ignore[no-untyped-def]
+    """Column col of a key's default value, bit-identical to what fill_* writes: kind 0 =
+    constant a, 1 = uniform [a, b), 2 = normal(a, b), 3 = truncated normal(a, b)."""
+    if kind == 0:
+        return np.float32(a)
+    if kind == 1:
+        return np.float32(a + (b - a) * _uniform01(_salt(seed, 0), key_bits, col))
+    z = _normal(seed, key_bits, col, 0)
+    if kind == 3:
+        attempt = 1
+        while abs(z) > _TRUNCATE_AT and attempt < _MAX_REDRAWS:
+            z = _normal(seed, key_bits, col, attempt)
+            attempt += 1
+        z = min(max(z, -_TRUNCATE_AT), _TRUNCATE_AT)
+    return np.float32(a + b * z)

@@ -12,6 +12,7 @@ Outputs come last and are written in place (``out``). One module per concern: ``
 
 from __future__ import annotations
 
+from evdb.kernels.reference.bags import combine_backward, gather_combine, probe_gather_combine
 from evdb.kernels.reference.index import (
     hash_find,
     hash_insert,
@@ -21,14 +22,20 @@ from evdb.kernels.reference.index import (
     unique_inverse,
 )
 from evdb.kernels.reference.init import fill_normal, fill_uniform
+from evdb.kernels.reference.optim import group_positions, segment_sum_apply
 
 __all__ = [
+    "combine_backward",
     "fill_normal",
     "fill_uniform",
+    "gather_combine",
+    "group_positions",
     "hash_find",
     "hash_insert",
     "hash_remove",
     "probe_gather",
+    "probe_gather_combine",
+    "segment_sum_apply",
     "sketch_add",
     "unique_inverse",
 ]

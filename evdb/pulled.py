@@ -1,0 +1,105 @@
+"""``Pulled``: the rows of one training batch, and the bag combine of the training path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.bags import parse_bags
+from evdb.errors import InvalidArgumentError, InvalidTypeError
+from evdb.kernels import cpu
+
+__all__ = ["Pulled"]
+
+
+@dataclass(frozen=True, eq=False)
+class Pulled:
+    """What ``Table.pull`` returns: the batch's distinct keys and their rows.
+
+    A batch of n = 5 keys in B = 2 bags (offsets [0, 3]) with u = 3 distinct keys::
+
+        keys given to pull   [ 7, 9, 7 | 4, 9 ]
+        keys     (u,) int64  [ 7, 9, 4 ]          first-occurrence order
+        inverse  (n,) int64  [ 0, 1, 0, 2, 1 ]    keys[inverse] == the keys given
+        counts   (u,) int64  [ 2, 2, 1 ]
+        rows     (u, dim)    row values (the default value where not admitted)
+        admitted (u,) bool   which keys have a row (push drops gradients of the others)
+
+        combine(offsets=[0, 3])           -> (B, dim): mean of rows[[0, 1, 0]], of rows[[2, 1]]
+        combine_backward(g, offsets=...)  -> (u, dim): gradients to pass to Table.push
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np, evdb
+    >>> db = evdb.open(tempfile.mkdtemp())
+    >>> t = db.create_table("t", dim=2, initializer=evdb.init.Ones())
+    >>> p = t.pull([7, 9, 7, 4, 9])
+    >>> p.combine([0, 3], combiner="sum").tolist()
+    [[3.0, 3.0], [2.0, 2.0]]
+    >>> p.combine_backward(np.ones((2, 2)), [0, 3], combiner="sum").tolist()
+    [[2.0, 2.0], [2.0, 2.0], [1.0, 1.0]]
+    >>> db.close()
+    """
+
+    keys: Int64Array
+    inverse: Int64Array
+    rows: Float32Array
+    admitted: BoolArray
+    counts: Int64Array
+    step: int
+    table: str
+
+    def combine(
+        self,
+        offsets: Any,
+        weights: Any = None,
+        combiner: str | None = None,
+        max_norm: float | None = None,
+    ) -> Float32Array:
+        """Combine the batch's rows into bags: (B, dim) float32.
+
+        Same arguments as ``Table.lookup``: ``offsets`` (B,) start of each bag in the keys given
+        to ``pull`` (torch.nn.EmbeddingBag's convention), per-key ``weights`` (n,),
+        ``combiner`` "sum" | "mean" (default) | "sqrtn", ``max_norm`` clipping each row first.
+        """
+        bags = parse_bags(self.inverse.shape[0], offsets, weights, combiner, max_norm)
+        out = np.empty((bags.n_bags, self.rows.shape[1]), dtype=np.float32)
+        cpu.gather_combine(
+            self.rows, self.inverse, bags.bounds, bags.weights, bags.combiner, bags.max_norm, out
+        )
+        return out
+
+    def combine_backward(
+        self,
+        grad_out: Any,
+        offsets: Any,
+        weights: Any = None,
+        combiner: str | None = None,
+        max_norm: float | None = None,
+    ) -> Float32Array:
+        """Gradient of ``combine`` with respect to ``rows``: (u, dim) float32, aligned with
+        ``keys``, ready for ``Table.push``. ``grad_out`` (B, dim) is d loss / d combine(...);
+        the other arguments must be those given to ``combine``."""
+        bags = parse_bags(self.inverse.shape[0], offsets, weights, combiner, max_norm)
+        g = np.asarray(grad_out)
+        if g.dtype.kind not in "fiu":
+            raise InvalidTypeError(f"grad_out must be a float array, got dtype {g.dtype}")
+        if g.shape != (bags.n_bags, self.rows.shape[1]):
+            raise InvalidArgumentError(
+                f"grad_out must have shape {(bags.n_bags, self.rows.shape[1])}, got {g.shape}"
+            )
+        out = np.empty_like(self.rows)
+        cpu.combine_backward(
+            np.ascontiguousarray(g, dtype=np.float32),
+            self.rows,
+            self.inverse,
+            bags.bounds,
+            bags.weights,
+            bags.combiner,
+            bags.max_norm,
+            out,
+        )
+        return out
