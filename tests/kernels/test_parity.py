@@ -136,22 +136,48 @@ def test_sketch_add_matches_reference(kernels, reference, rng, n_hashes, width) 
     np.testing.assert_array_equal(outs[1][1], outs[0][1])
 
 
-def test_serial_and_parallel_variants_are_distinct_functions() -> None:
+VARIANTS = [
+    ("index", "hash_find"),
+    ("index", "probe_gather"),
+    ("init", "fill_uniform"),
+    ("init", "fill_normal"),
+    ("bags", "probe_gather_combine"),
+    ("bags", "gather_combine"),
+    ("bags", "combine_backward"),
+    ("optim", "segment_sum_apply"),
+]
+
+
+@pytest.mark.parametrize("module,name", VARIANTS)
+def test_serial_and_parallel_variants_are_distinct_functions(module, name) -> None:
     # numba's on-disk cache keys entries by function name and first line: two dispatchers over
     # one Python function share an entry, and the parallel one silently ran the serial build.
-    from evdb.kernels.cpu import index as cpu
+    import importlib
 
-    for name in ("hash_find", "probe_gather"):
-        serial = getattr(cpu, f"_{name}_serial").py_func.__code__
-        parallel = getattr(cpu, f"_{name}_parallel").py_func.__code__
-        assert (serial.co_name, serial.co_firstlineno) != (
-            parallel.co_name,
-            parallel.co_firstlineno,
-        )
-        assert getattr(cpu, f"_{name}_parallel").targetoptions.get("parallel")
+    mod = importlib.import_module(f"evdb.kernels.cpu.{module}")
+    serial = getattr(mod, f"_{name}_serial")
+    parallel = getattr(mod, f"_{name}_parallel")
+    a, b = serial.py_func.__code__, parallel.py_func.__code__
+    assert (a.co_name, a.co_firstlineno) != (b.co_name, b.co_firstlineno)
+    assert parallel.targetoptions.get("parallel") and not serial.targetoptions.get("parallel")
 
 
-@pytest.mark.parametrize("n,dim", [(0, 4), (1, 1), (3000, 16)])
+@pytest.mark.parametrize("name", ["fill_uniform", "fill_normal"])
+def test_fill_is_bit_identical_in_serial_and_parallel(rng, name) -> None:
+    # Lookups of a few keys and pulls of many must give a key the same start row.
+    from evdb.kernels.cpu import init
+
+    keys = random_keys(rng, 5000)
+    outs = []
+    for variant in ("serial", "parallel"):
+        out = np.empty((keys.shape[0], 33), np.float32)
+        args = (-1.0, 2.0) if name == "fill_uniform" else (0.5, 2.0, True)
+        getattr(init, f"_{name}_{variant}")(keys, np.uint64(9), *args, out)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("n,dim", [(0, 4), (1, 1), (3000, 16), (5000, 32)])  # 5000: parallel
 def test_fill_uniform_matches_reference_exactly(kernels, reference, rng, n, dim) -> None:
     keys = random_keys(rng, n)[:n]
     outs = []
@@ -163,7 +189,7 @@ def test_fill_uniform_matches_reference_exactly(kernels, reference, rng, n, dim)
 
 
 @pytest.mark.parametrize("truncate", [False, True])
-@pytest.mark.parametrize("n,dim", [(0, 4), (1, 1), (3000, 16)])
+@pytest.mark.parametrize("n,dim", [(0, 4), (1, 1), (3000, 16), (5000, 32)])
 def test_fill_normal_matches_reference(kernels, reference, rng, n, dim, truncate) -> None:
     keys = random_keys(rng, n)[:n]
     outs = []

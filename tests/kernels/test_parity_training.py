@@ -34,14 +34,15 @@ def weights_for(rng: np.random.Generator, bounds: np.ndarray, weighted: bool) ->
 @pytest.mark.parametrize("max_norm", [INF, 0.5])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("init_kind", [0, 1, 2, 3])
+@pytest.mark.parametrize("n_bags", [300, 12_000])  # ~30k keys: the parallel driver
 def test_probe_gather_combine_matches_reference(
-    kernels, reference, rng, combiner, max_norm, weighted, init_kind
+    kernels, reference, rng, combiner, max_norm, weighted, init_kind, n_bags
 ) -> None:
     dim = 9
     stored = random_keys(rng, 500)
     values = rng.standard_normal((stored.shape[0], dim)).astype(np.float32)
     last_step = rng.integers(0, 10, stored.shape[0]).astype(np.int64)
-    bounds = random_bags(rng, 300, 6)
+    bounds = random_bags(rng, n_bags, 6)
     pool = np.concatenate([stored, random_keys(rng, 100)])  # some keys were never stored
     keys = pool[rng.integers(0, pool.shape[0], int(bounds[-1]))]  # duplicates inside bags too
     weights = weights_for(rng, bounds, weighted)
@@ -75,12 +76,13 @@ def test_probe_gather_combine_matches_reference(
 
 @pytest.mark.parametrize("combiner", [0, 1, 2])
 @pytest.mark.parametrize("max_norm", [INF, 1.0])
+@pytest.mark.parametrize("n_bags", [60, 12_000])  # ~25k positions: the parallel drivers
 def test_gather_combine_and_backward_match_reference(
-    kernels, reference, rng, combiner, max_norm
+    kernels, reference, rng, combiner, max_norm, n_bags
 ) -> None:
     dim, u = 7, 40
     rows = rng.standard_normal((u, dim)).astype(np.float32)
-    bounds = random_bags(rng, 60, 5)
+    bounds = random_bags(rng, n_bags, 5)
     inverse = rng.integers(0, u, int(bounds[-1])).astype(np.int64)
     weights = weights_for(rng, bounds, True)
     grad_out = rng.standard_normal((bounds.shape[0] - 1, dim)).astype(np.float32)
@@ -121,8 +123,11 @@ SLOTS = {0: 0, 1: 1, 2: 2, 3: 2, 4: 2, 5: 1, 6: -1}  # blocks of dim (-1: one co
 
 @pytest.mark.parametrize("kind", sorted(HYPER))
 @pytest.mark.parametrize("per_position", [False, True])
-def test_segment_sum_apply_matches_reference(kernels, reference, rng, kind, per_position) -> None:
-    dim, n_rows, u = 6, 30, 12
+@pytest.mark.parametrize("size", ["small", "large"])  # large: the parallel driver
+def test_segment_sum_apply_matches_reference(
+    kernels, reference, rng, kind, per_position, size
+) -> None:
+    dim, n_rows, u = (6, 30, 12) if size == "small" else (6, 40_000, 20_000)
     n_slots = 1 if SLOTS[kind] == -1 else SLOTS[kind] * dim
     values = rng.standard_normal((n_rows, dim)).astype(np.float32)
     slots = rng.uniform(0.1, 1.0, (n_rows, n_slots)).astype(np.float32)
@@ -131,11 +136,12 @@ def test_segment_sum_apply_matches_reference(kernels, reference, rng, kind, per_
     rows = rng.permutation(n_rows)[:u].astype(np.int64)
     rows[3] = -1  # a key without a row: its gradient is dropped
     if per_position:
-        inverse = rng.integers(0, u, 40).astype(np.int64)
+        n_pos = 40 if size == "small" else 50_000
+        inverse = rng.integers(0, u, n_pos).astype(np.int64)
         counts = np.bincount(inverse, minlength=u)
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         positions = np.argsort(inverse, kind="stable").astype(np.int64)
-        grads = rng.standard_normal((40, dim)).astype(np.float32)
+        grads = rng.standard_normal((n_pos, dim)).astype(np.float32)
     else:
         bounds = np.arange(u + 1, dtype=np.int64)
         positions = np.arange(u, dtype=np.int64)

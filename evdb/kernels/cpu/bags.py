@@ -1,11 +1,29 @@
-"""Numba bag kernels (see ``reference.bags`` for the conventions and the spec)."""
+"""Numba bag kernels (see ``reference.bags`` for the conventions and the spec).
+
+Each kernel is a body over one unit of work (a chunk of bags, a bag, a key), inlined into a
+serial and a parallel driver; ``select`` picks the driver by the number of keys, so a small
+call never waits on numba's thread pool.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange, types
 
-from evdb.kernels.cpu._common import F4, F4_2D, I8, I8_2D, I64_MIN, OPTS, f8, i8, prefetch, u8
+from evdb.kernels.cpu._common import (
+    F4,
+    F4_2D,
+    F8,
+    I8,
+    I8_2D,
+    I64_MIN,
+    OPTS,
+    PARALLEL_MIN_KEYS,
+    f8,
+    i8,
+    prefetch,
+    u8,
+)
 from evdb.kernels.cpu.index import _home, _probe_from
 from evdb.kernels.cpu.init import default_element
 
@@ -35,12 +53,17 @@ def _clip_scale(x, r, max_norm):  # type: ignore[no-untyped-def]
     return max_norm / (norm + NORM_EPS) if norm > max_norm else 1.0
 
 
+# -- probe + gather + combine --------------------------------------------------------------
+_PGC_SIG = i8(I8_2D, F4_2D, I8, I8, I8, F4, i8, i8, f8, i8, u8, f8, f8, F4_2D)
+
+
 @njit(
-    i8(I8_2D, F4_2D, I8, I8, I8, F4, i8, i8, f8, i8, u8, f8, f8, F4_2D),
-    parallel=True,
+    i8(i8, I8_2D, F4_2D, I8, I8, I8, F4, i8, i8, f8, i8, u8, f8, f8, F4_2D),
+    inline="always",
     **OPTS,
 )
-def probe_gather_combine(  # type: ignore[no-untyped-def]
+def _pgc_chunk(  # type: ignore[no-untyped-def]
+    c,
     slots,
     values,
     last_step,
@@ -56,98 +79,293 @@ def probe_gather_combine(  # type: ignore[no-untyped-def]
     init_b,
     out,
 ):
-    # Bags are processed BAG_CHUNK at a time: hash and prefetch the home slots of all their
-    # keys, probe and prefetch the rows, then accumulate each bag into its output row. No
-    # (n, dim) matrix exists; a missing key's default is computed in place, element by element.
+    # One chunk of BAG_CHUNK bags: hash and prefetch the home slots of all their keys, probe
+    # and prefetch the rows, then accumulate each bag into its output row. No (n, dim) matrix
+    # exists; a missing key's default is computed in place, element by element.
     n_bags = bounds.shape[0] - 1
     dim = values.shape[1]
     mask = slots.shape[0] - 1
     check_ttl = min_live_step != I64_MIN
+    b0 = c * BAG_CHUNK
+    b1 = min(b0 + BAG_CHUNK, n_bags)
+    lo, hi = bounds[b0], bounds[b1]
+    rows = np.empty(hi - lo, np.int64)
+    for p in range(lo, hi):
+        h = _home(keys[p], mask)
+        rows[p - lo] = h
+        prefetch(slots, h, 0)
+    for p in range(lo, hi):
+        r = _probe_from(slots, mask, keys[p], rows[p - lo])
+        if r >= 0:
+            prefetch(values, r, 0)
+            if check_ttl and last_step[r] < min_live_step:
+                r = -1
+        rows[p - lo] = r
+    scratch = np.empty((1, dim), np.float32)
     missing = 0
-    for c in prange((n_bags + BAG_CHUNK - 1) // BAG_CHUNK):
-        b0 = c * BAG_CHUNK
-        b1 = min(b0 + BAG_CHUNK, n_bags)
-        lo, hi = bounds[b0], bounds[b1]
-        rows = np.empty(hi - lo, np.int64)
-        for p in range(lo, hi):
-            h = _home(keys[p], mask)
-            rows[p - lo] = h
-            prefetch(slots, h, 0)
-        for p in range(lo, hi):
-            r = _probe_from(slots, mask, keys[p], rows[p - lo])
-            if r >= 0:
-                prefetch(values, r, 0)
-                if check_ttl and last_step[r] < min_live_step:
-                    r = -1
-            rows[p - lo] = r
-        scratch = np.empty((1, dim), np.float32)
-        for b in range(b0, b1):
-            for j in range(dim):
-                out[b, j] = 0.0
-            div = _divisor(weights, bounds, b, combiner)
-            if div == 0.0:
-                continue
-            for p in range(bounds[b], bounds[b + 1]):
-                r = rows[p - lo]
-                src = values
-                if r < 0:  # default value of a key without a live row
-                    missing += 1
-                    kb = np.uint64(keys[p])
-                    for j in range(dim):
-                        scratch[0, j] = default_element(init_kind, init_seed, init_a, init_b, kb, j)
-                    src = scratch
-                    r = 0
-                scale = np.float32(_clip_scale(src, r, max_norm) * weights[p] / div)
-                for j in range(dim):
-                    out[b, j] += scale * src[r, j]
-    return missing
-
-
-@njit(types.void(F4_2D, I8, I8, F4, i8, f8, F4_2D), parallel=True, **OPTS)
-def gather_combine(rows, inverse, bounds, weights, combiner, max_norm, out):  # type: ignore[no-untyped-def]
-    dim = rows.shape[1]
-    for b in prange(bounds.shape[0] - 1):
+    for b in range(b0, b1):
         for j in range(dim):
             out[b, j] = 0.0
         div = _divisor(weights, bounds, b, combiner)
-        if div == 0.0:
-            continue
         for p in range(bounds[b], bounds[b + 1]):
-            r = inverse[p]
-            scale = np.float32(_clip_scale(rows, r, max_norm) * weights[p] / div)
+            r = rows[p - lo]
+            src = values
+            if r < 0:  # default value of a key without a live row
+                missing += 1
+                if div == 0.0:
+                    continue
+                kb = np.uint64(keys[p])
+                for j in range(dim):
+                    scratch[0, j] = default_element(init_kind, init_seed, init_a, init_b, kb, j)
+                src = scratch
+                r = 0
+            if div == 0.0:
+                continue
+            scale = np.float32(_clip_scale(src, r, max_norm) * weights[p] / div)
             for j in range(dim):
-                out[b, j] += scale * rows[r, j]
+                out[b, j] += scale * src[r, j]
+    return missing
 
 
-@njit(types.void(F4_2D, F4_2D, I8, I8, F4, i8, f8, F4_2D), **OPTS)
-def combine_backward(  # type: ignore[no-untyped-def]
+@njit(_PGC_SIG, **OPTS)
+def _probe_gather_combine_serial(  # type: ignore[no-untyped-def]
+    slots,
+    values,
+    last_step,
+    keys,
+    bounds,
+    weights,
+    min_live_step,
+    combiner,
+    max_norm,
+    init_kind,
+    init_seed,
+    init_a,
+    init_b,
+    out,
+):
+    missing = 0
+    for c in range((bounds.shape[0] - 1 + BAG_CHUNK - 1) // BAG_CHUNK):
+        missing += _pgc_chunk(
+            c,
+            slots,
+            values,
+            last_step,
+            keys,
+            bounds,
+            weights,
+            min_live_step,
+            combiner,
+            max_norm,
+            init_kind,
+            init_seed,
+            init_a,
+            init_b,
+            out,
+        )
+    return missing
+
+
+@njit(_PGC_SIG, parallel=True, **OPTS)
+def _probe_gather_combine_parallel(  # type: ignore[no-untyped-def]
+    slots,
+    values,
+    last_step,
+    keys,
+    bounds,
+    weights,
+    min_live_step,
+    combiner,
+    max_norm,
+    init_kind,
+    init_seed,
+    init_a,
+    init_b,
+    out,
+):
+    missing = 0
+    for c in prange((bounds.shape[0] - 1 + BAG_CHUNK - 1) // BAG_CHUNK):
+        missing += _pgc_chunk(
+            c,
+            slots,
+            values,
+            last_step,
+            keys,
+            bounds,
+            weights,
+            min_live_step,
+            combiner,
+            max_norm,
+            init_kind,
+            init_seed,
+            init_a,
+            init_b,
+            out,
+        )
+    return missing
+
+
+def probe_gather_combine(  # type: ignore[no-untyped-def]
+    slots,
+    values,
+    last_step,
+    keys,
+    bounds,
+    weights,
+    min_live_step,
+    combiner,
+    max_norm,
+    init_kind,
+    init_seed,
+    init_a,
+    init_b,
+    out,
+) -> int:
+    """Fused probe + gather + combine (see reference.bags.probe_gather_combine)."""
+    big = keys.shape[0] >= PARALLEL_MIN_KEYS
+    kernel = _probe_gather_combine_parallel if big else _probe_gather_combine_serial
+    return int(
+        kernel(
+            slots,
+            values,
+            last_step,
+            keys,
+            bounds,
+            weights,
+            min_live_step,
+            combiner,
+            max_norm,
+            init_kind,
+            init_seed,
+            init_a,
+            init_b,
+            out,
+        )
+    )
+
+
+# -- combine of pulled rows ----------------------------------------------------------------
+_GC_SIG = types.void(F4_2D, I8, I8, F4, i8, f8, F4_2D)
+
+
+@njit(types.void(i8, F4_2D, I8, I8, F4, i8, f8, F4_2D), inline="always", **OPTS)
+def _combine_bag(b, rows, inverse, bounds, weights, combiner, max_norm, out):  # type: ignore[no-untyped-def]
+    dim = rows.shape[1]
+    for j in range(dim):
+        out[b, j] = 0.0
+    div = _divisor(weights, bounds, b, combiner)
+    if div == 0.0:
+        return
+    for p in range(bounds[b], bounds[b + 1]):
+        r = inverse[p]
+        scale = np.float32(_clip_scale(rows, r, max_norm) * weights[p] / div)
+        for j in range(dim):
+            out[b, j] += scale * rows[r, j]
+
+
+@njit(_GC_SIG, **OPTS)
+def _gather_combine_serial(rows, inverse, bounds, weights, combiner, max_norm, out):  # type: ignore[no-untyped-def]
+    for b in range(bounds.shape[0] - 1):
+        _combine_bag(b, rows, inverse, bounds, weights, combiner, max_norm, out)
+
+
+@njit(_GC_SIG, parallel=True, **OPTS)
+def _gather_combine_parallel(rows, inverse, bounds, weights, combiner, max_norm, out):  # type: ignore[no-untyped-def]
+    for b in prange(bounds.shape[0] - 1):
+        _combine_bag(b, rows, inverse, bounds, weights, combiner, max_norm, out)
+
+
+def gather_combine(rows, inverse, bounds, weights, combiner, max_norm, out) -> None:  # type: ignore[no-untyped-def]
+    """Combine pulled rows into bags (see reference.bags.gather_combine)."""
+    big = inverse.shape[0] >= PARALLEL_MIN_KEYS
+    kernel = _gather_combine_parallel if big else _gather_combine_serial
+    kernel(rows, inverse, bounds, weights, combiner, max_norm, out)
+
+
+# -- backward of the combine ---------------------------------------------------------------
+_CB_SIG = types.void(F4_2D, F4_2D, I8, I8, F4, i8, f8, F4_2D)
+
+
+@njit(types.void(i8, F4_2D, F4_2D, I8, F4, f8, F8, I8, I8, F4_2D), inline="always", **OPTS)
+def _backward_key(  # type: ignore[no-untyped-def]
+    k, grad_out, rows, bag_of, weights, max_norm, div, start, order, out
+):
+    # All positions of key k share its row x, hence one max_norm Jacobian: sum the weighted
+    # bag gradients first, then apply J = s I - max_norm x x^T / (|x| (|x| + eps)^2) once.
+    dim = rows.shape[1]
+    g = np.zeros(dim, np.float64)
+    for q in range(start[k], start[k + 1]):
+        p = order[q]
+        b = bag_of[p]
+        if div[b] == 0.0:
+            continue
+        coef = np.float64(weights[p]) / div[b]
+        for j in range(dim):
+            g[j] += coef * grad_out[b, j]
+    s = _clip_scale(rows, k, max_norm)
+    if s == 1.0:
+        for j in range(dim):
+            out[k, j] = g[j]
+        return
+    sq = 0.0
+    dot = 0.0
+    for j in range(dim):
+        x = np.float64(rows[k, j])
+        sq += x * x
+        dot += x * g[j]
+    norm = np.sqrt(sq)
+    proj = max_norm * dot / (norm * (norm + NORM_EPS) ** 2)
+    for j in range(dim):
+        out[k, j] = s * g[j] - proj * rows[k, j]
+
+
+@njit(types.Tuple((F8, I8, I8, I8))(I8, I8, F4, i8, i8), **OPTS)
+def _backward_plan(inverse, bounds, weights, combiner, n_keys):  # type: ignore[no-untyped-def]
+    """Bag divisors, the bag of each position, and positions grouped by key (counting sort)."""
+    n_bags = bounds.shape[0] - 1
+    n = inverse.shape[0]
+    div = np.empty(n_bags, np.float64)
+    bag_of = np.empty(n, np.int64)
+    for b in range(n_bags):
+        div[b] = _divisor(weights, bounds, b, combiner)
+        for p in range(bounds[b], bounds[b + 1]):
+            bag_of[p] = b
+    start = np.zeros(n_keys + 1, np.int64)
+    for p in range(n):
+        start[inverse[p] + 1] += 1
+    for k in range(n_keys):
+        start[k + 1] += start[k]
+    order = np.empty(n, np.int64)
+    fill = start[:-1].copy()
+    for p in range(n):
+        order[fill[inverse[p]]] = p
+        fill[inverse[p]] += 1
+    return div, bag_of, start, order
+
+
+@njit(_CB_SIG, **OPTS)
+def _combine_backward_serial(  # type: ignore[no-untyped-def]
     grad_out, rows, inverse, bounds, weights, combiner, max_norm, out
 ):
-    # Serial: positions of different bags scatter into the same key's row, and a parallel
-    # scatter would race; the work is one multiply-add per element of the batch.
-    dim = rows.shape[1]
-    out[:] = 0.0
-    for b in range(bounds.shape[0] - 1):
-        div = _divisor(weights, bounds, b, combiner)
-        if div == 0.0:
-            continue
-        for p in range(bounds[b], bounds[b + 1]):
-            r = inverse[p]
-            coef = np.float64(weights[p]) / div
-            s = _clip_scale(rows, r, max_norm)
-            if s == 1.0:
-                for j in range(dim):
-                    out[r, j] += np.float32(coef * grad_out[b, j])
-                continue
-            # Through the max_norm scaling: J = s I - max_norm x x^T / (|x| (|x| + eps)^2).
-            sq = 0.0
-            dot = 0.0
-            for j in range(dim):
-                x = np.float64(rows[r, j])
-                sq += x * x
-                dot += x * grad_out[b, j]
-            norm = np.sqrt(sq)
-            proj = max_norm * dot / (norm * (norm + NORM_EPS) ** 2)
-            for j in range(dim):
-                g = s * grad_out[b, j] - proj * rows[r, j]
-                out[r, j] += np.float32(coef * g)
+    div, bag_of, start, order = _backward_plan(inverse, bounds, weights, combiner, rows.shape[0])
+    for k in range(rows.shape[0]):
+        _backward_key(k, grad_out, rows, bag_of, weights, max_norm, div, start, order, out)
+
+
+@njit(_CB_SIG, parallel=True, **OPTS)
+def _combine_backward_parallel(  # type: ignore[no-untyped-def]
+    grad_out, rows, inverse, bounds, weights, combiner, max_norm, out
+):
+    # Each task owns whole keys, so no two tasks write the same row.
+    div, bag_of, start, order = _backward_plan(inverse, bounds, weights, combiner, rows.shape[0])
+    for k in prange(rows.shape[0]):
+        _backward_key(k, grad_out, rows, bag_of, weights, max_norm, div, start, order, out)
+
+
+def combine_backward(  # type: ignore[no-untyped-def]
+    grad_out, rows, inverse, bounds, weights, combiner, max_norm, out
+) -> None:
+    """Gradient of gather_combine with respect to rows (see reference.bags)."""
+    big = inverse.shape[0] >= PARALLEL_MIN_KEYS
+    kernel = _combine_backward_parallel if big else _combine_backward_serial
+    kernel(grad_out, rows, inverse, bounds, weights, combiner, max_norm, out)

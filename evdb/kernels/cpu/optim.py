@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, types
 
-from evdb.kernels.cpu._common import F4_2D, F8, I8, OPTS, i8
+from evdb.kernels.cpu._common import F4_2D, F8, I8, OPTS, PARALLEL_MIN_KEYS, i8
 
 ROW_CHUNK = 64  # rows per task: the gradient scratch is allocated once per chunk
 
@@ -33,92 +33,120 @@ def _ftrl_power(n, lr_power):  # type: ignore[no-untyped-def]
     return np.sqrt(n) if lr_power == -0.5 else n ** (-lr_power)
 
 
-@njit(types.void(F4_2D, I8, I8, I8, i8, F8, F4_2D, F4_2D), parallel=True, **OPTS)
-def segment_sum_apply(  # type: ignore[no-untyped-def]
-    grads, positions, bounds, rows, kind, hyper, values, slots
+_SSA_SIG = types.void(F4_2D, I8, I8, I8, i8, F8, F4_2D, F4_2D)
+
+
+@njit(types.void(i8, F4_2D, I8, I8, I8, i8, F8, F4_2D, F4_2D), inline="always", **OPTS)
+def _apply_chunk(  # type: ignore[no-untyped-def]
+    c, grads, positions, bounds, rows, kind, hyper, values, slots
 ):
-    # Rows are distinct, so tasks never touch the same row: no atomics. Each row's gradient is
+    # Rows are distinct, so chunks never touch the same row: no atomics. Each row's gradient is
     # summed in float64 scratch, then the rule runs element by element in float64 and stores
     # float32 (the reference's precision, at float32 storage).
     dim = values.shape[1]
     n_rows = rows.shape[0]
     lr = hyper[0]
-    for c in prange((n_rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        g = np.empty(dim, np.float64)
-        w = np.empty(dim, np.float64)
-        for u in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, n_rows)):
-            r = rows[u]
-            if r < 0:
-                continue
-            g[:] = 0.0
-            for k in range(bounds[u], bounds[u + 1]):
-                p = positions[k]
-                for j in range(dim):
-                    g[j] += grads[p, j]
+    # one scratch per chunk of ROW_CHUNK rows
+    g = np.empty(dim, np.float64)
+    w = np.empty(dim, np.float64)
+    for u in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, n_rows)):
+        r = rows[u]
+        if r < 0:
+            continue
+        g[:] = 0.0
+        for k in range(bounds[u], bounds[u + 1]):
+            p = positions[k]
             for j in range(dim):
-                w[j] = values[r, j]
-            lasso = 0.0
-            if kind == 0:  # SGD
-                wd, lasso = hyper[1], hyper[2]
-                for j in range(dim):
-                    w[j] -= lr * (g[j] + wd * w[j])
-            elif kind == 1:  # Adagrad
-                eps, wd, lasso = hyper[1], hyper[2], hyper[3]
-                for j in range(dim):
-                    gj = g[j] + wd * w[j]
-                    acc = np.float64(slots[r, j]) + gj * gj
-                    slots[r, j] = acc
-                    w[j] -= lr * gj / (np.sqrt(acc) + eps)
-            elif kind == 2:  # lazy Adam; hyper[0] is the bias-corrected step size
-                b1, b2, eps = hyper[1], hyper[2], hyper[3]
-                for j in range(dim):
-                    m = b1 * slots[r, j] + (1 - b1) * g[j]
-                    v = b2 * slots[r, dim + j] + (1 - b2) * g[j] * g[j]
-                    slots[r, j] = m
-                    slots[r, dim + j] = v
-                    w[j] -= lr * m / (np.sqrt(v) + eps)
-            elif kind == 3 or kind == 4:  # FTRL, group FTRL
-                lr_power, l1, l2 = hyper[1], hyper[2], hyper[3]
-                znorm = 0.0
-                for j in range(dim):
-                    n = np.float64(slots[r, j])
-                    n_new = n + g[j] * g[j]
-                    sigma = (_ftrl_power(n_new, lr_power) - _ftrl_power(n, lr_power)) / lr
-                    z = slots[r, dim + j] + g[j] - sigma * w[j]
-                    slots[r, j] = n_new
-                    slots[r, dim + j] = z
-                    znorm += z * z
-                    if kind == 3:
-                        quad = _ftrl_power(n_new, lr_power) / lr + 2 * l2
-                        w[j] = (np.sign(z) * l1 - z) / quad if abs(z) > l1 else 0.0
-                if kind == 4:
-                    znorm = np.sqrt(znorm)
-                    for j in range(dim):
-                        z = np.float64(slots[r, dim + j])
-                        quad = _ftrl_power(np.float64(slots[r, j]), lr_power) / lr + 2 * l2
-                        w[j] = (l1 * z / znorm - z) / quad if znorm > l1 else 0.0
-            elif kind == 5:  # Adagrad with decay
-                decay_now, rate, init_acc = hyper[1], hyper[2], hyper[3]
-                for j in range(dim):
-                    acc = np.float64(slots[r, j])
-                    if decay_now != 0.0:
-                        acc = max(acc * rate, init_acc)
-                    acc += g[j] * g[j]
-                    slots[r, j] = acc
-                    w[j] -= lr * g[j] / np.sqrt(acc)
-            else:  # row-wise Adagrad
-                eps = hyper[1]
-                sq = 0.0
-                for j in range(dim):
-                    sq += g[j] * g[j]
-                acc = np.float64(slots[r, 0]) + sq / dim
-                slots[r, 0] = acc
-                for j in range(dim):
-                    w[j] -= lr * g[j] / (np.sqrt(acc) + eps)
-            if lasso != 0.0:
-                norm = _norm(w)
-                shrink = max(0.0, 1.0 - lr * lasso / norm) if norm > 0 else 0.0
-                for j in range(dim):
-                    w[j] *= shrink
+                g[j] += grads[p, j]
+        for j in range(dim):
+            w[j] = values[r, j]
+        lasso = 0.0
+        if kind == 0:  # SGD
+            wd, lasso = hyper[1], hyper[2]
             for j in range(dim):
-                values[r, j] = w[j]
+                w[j] -= lr * (g[j] + wd * w[j])
+        elif kind == 1:  # Adagrad
+            eps, wd, lasso = hyper[1], hyper[2], hyper[3]
+            for j in range(dim):
+                gj = g[j] + wd * w[j]
+                acc = np.float64(slots[r, j]) + gj * gj
+                slots[r, j] = acc
+                w[j] -= lr * gj / (np.sqrt(acc) + eps)
+        elif kind == 2:  # lazy Adam; hyper[0] is the bias-corrected step size
+            b1, b2, eps = hyper[1], hyper[2], hyper[3]
+            for j in range(dim):
+                m = b1 * slots[r, j] + (1 - b1) * g[j]
+                v = b2 * slots[r, dim + j] + (1 - b2) * g[j] * g[j]
+                slots[r, j] = m
+                slots[r, dim + j] = v
+                w[j] -= lr * m / (np.sqrt(v) + eps)
+        elif kind == 3 or kind == 4:  # FTRL, group FTRL
+            lr_power, l1, l2 = hyper[1], hyper[2], hyper[3]
+            znorm = 0.0
+            for j in range(dim):
+                n = np.float64(slots[r, j])
+                n_new = n + g[j] * g[j]
+                sigma = (_ftrl_power(n_new, lr_power) - _ftrl_power(n, lr_power)) / lr
+                z = slots[r, dim + j] + g[j] - sigma * w[j]
+                slots[r, j] = n_new
+                slots[r, dim + j] = z
+                znorm += z * z
+                if kind == 3:
+                    quad = _ftrl_power(n_new, lr_power) / lr + 2 * l2
+                    w[j] = (np.sign(z) * l1 - z) / quad if abs(z) > l1 else 0.0
+            if kind == 4:
+                znorm = np.sqrt(znorm)
+                for j in range(dim):
+                    z = np.float64(slots[r, dim + j])
+                    quad = _ftrl_power(np.float64(slots[r, j]), lr_power) / lr + 2 * l2
+                    w[j] = (l1 * z / znorm - z) / quad if znorm > l1 else 0.0
+        elif kind == 5:  # Adagrad with decay
+            decay_now, rate, init_acc = hyper[1], hyper[2], hyper[3]
+            for j in range(dim):
+                acc = np.float64(slots[r, j])
+                if decay_now != 0.0:
+                    acc = max(acc * rate, init_acc)
+                acc += g[j] * g[j]
+                slots[r, j] = acc
+                w[j] -= lr * g[j] / np.sqrt(acc)
+        else:  # row-wise Adagrad
+            eps = hyper[1]
+            sq = 0.0
+            for j in range(dim):
+                sq += g[j] * g[j]
+            acc = np.float64(slots[r, 0]) + sq / dim
+            slots[r, 0] = acc
+            for j in range(dim):
+                w[j] -= lr * g[j] / (np.sqrt(acc) + eps)
+        if lasso != 0.0:
+            norm = _norm(w)
+            shrink = max(0.0, 1.0 - lr * lasso / norm) if norm > 0 else 0.0
+            for j in range(dim):
+                w[j] *= shrink
+        for j in range(dim):
+            values[r, j] = w[j]
+
+
+@njit(_SSA_SIG, **OPTS)
+def _segment_sum_apply_serial(  # type: ignore[no-untyped-def]
+    grads, positions, bounds, rows, kind, hyper, values, slots
+):
+    for c in range((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
+        _apply_chunk(c, grads, positions, bounds, rows, kind, hyper, values, slots)
+
+
+@njit(_SSA_SIG, parallel=True, **OPTS)
+def _segment_sum_apply_parallel(  # type: ignore[no-untyped-def]
+    grads, positions, bounds, rows, kind, hyper, values, slots
+):
+    for c in prange((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
+        _apply_chunk(c, grads, positions, bounds, rows, kind, hyper, values, slots)
+
+
+def segment_sum_apply(  # type: ignore[no-untyped-def]
+    grads, positions, bounds, rows, kind, hyper, values, slots
+) -> None:
+    """Fused segment-sum + optimizer update, in place (see reference.optim)."""
+    big = positions.shape[0] >= PARALLEL_MIN_KEYS
+    kernel = _segment_sum_apply_parallel if big else _segment_sum_apply_serial
+    kernel(grads, positions, bounds, rows, kind, hyper, values, slots)
