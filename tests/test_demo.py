@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,12 @@ def test_demo_runs_and_leaves_a_database_that_reopens(
     assert demo.main([str(tmp_path), "--steps", "60", "--batch", "2048"]) == 0
     out = capsys.readouterr().out
     assert "compact() removed" in out and "lookup(1)" in out
+    first, last = (
+        float(x) for x in re.findall(r"loss .*?: ([0-9.]+) at step 0 -> ([0-9.]+)", out)[0]
+    )
+    assert last < first / 4  # it learned
     with evdb.open(tmp_path) as db:
         t = db.table("item")
         assert db.step == 60 and len(t) > 0
         assert t.stats()["admission"]["not_admitted"] > 0  # admission filtered the long tail
-        assert abs(float(t.lookup([1]).mean()) - 0.5) < 0.05  # the hottest key was trained
+        assert float(t.lookup([1]).mean()) > 0.3  # the hottest key moved toward the target
