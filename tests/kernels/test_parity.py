@@ -143,7 +143,6 @@ VARIANTS = [
     ("init", "fill_normal"),
     ("bags", "probe_gather_combine"),
     ("bags", "gather_combine"),
-    ("bags", "combine_backward"),
     ("optim", "segment_sum_apply"),
 ]
 

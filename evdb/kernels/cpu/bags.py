@@ -13,7 +13,6 @@ from numba import njit, prange, types
 from evdb.kernels.cpu._common import (
     F4,
     F4_2D,
-    F8,
     I8,
     I8_2D,
     I64_MIN,
@@ -283,89 +282,43 @@ def gather_combine(rows, inverse, bounds, weights, combiner, max_norm, out) -> N
 
 
 # -- backward of the combine ---------------------------------------------------------------
-_CB_SIG = types.void(F4_2D, F4_2D, I8, I8, F4, i8, f8, F4_2D)
+# Serial on purpose. Positions of different bags add into the same key's row, so a parallel
+# version must either group positions by key first (measured 2-2.8x slower here on 2 cores:
+# the grouping pass, then grad_out read in random order) or split the columns between threads
+# (measured 4x slower: every thread walks the whole batch and misses on the same rows). The
+# serial scatter reads grad_out in order and touches each row once per position.
 
 
-@njit(types.void(i8, F4_2D, F4_2D, I8, F4, f8, F8, I8, I8, F4_2D), inline="always", **OPTS)
-def _backward_key(  # type: ignore[no-untyped-def]
-    k, grad_out, rows, bag_of, weights, max_norm, div, start, order, out
-):
-    # All positions of key k share its row x, hence one max_norm Jacobian: sum the weighted
-    # bag gradients first, then apply J = s I - max_norm x x^T / (|x| (|x| + eps)^2) once.
-    dim = rows.shape[1]
-    g = np.zeros(dim, np.float64)
-    for q in range(start[k], start[k + 1]):
-        p = order[q]
-        b = bag_of[p]
-        if div[b] == 0.0:
-            continue
-        coef = np.float64(weights[p]) / div[b]
-        for j in range(dim):
-            g[j] += coef * grad_out[b, j]
-    s = _clip_scale(rows, k, max_norm)
-    if s == 1.0:
-        for j in range(dim):
-            out[k, j] = g[j]
-        return
-    sq = 0.0
-    dot = 0.0
-    for j in range(dim):
-        x = np.float64(rows[k, j])
-        sq += x * x
-        dot += x * g[j]
-    norm = np.sqrt(sq)
-    proj = max_norm * dot / (norm * (norm + NORM_EPS) ** 2)
-    for j in range(dim):
-        out[k, j] = s * g[j] - proj * rows[k, j]
-
-
-@njit(types.Tuple((F8, I8, I8, I8))(I8, I8, F4, i8, i8), **OPTS)
-def _backward_plan(inverse, bounds, weights, combiner, n_keys):  # type: ignore[no-untyped-def]
-    """Bag divisors, the bag of each position, and positions grouped by key (counting sort)."""
-    n_bags = bounds.shape[0] - 1
-    n = inverse.shape[0]
-    div = np.empty(n_bags, np.float64)
-    bag_of = np.empty(n, np.int64)
-    for b in range(n_bags):
-        div[b] = _divisor(weights, bounds, b, combiner)
-        for p in range(bounds[b], bounds[b + 1]):
-            bag_of[p] = b
-    start = np.zeros(n_keys + 1, np.int64)
-    for p in range(n):
-        start[inverse[p] + 1] += 1
-    for k in range(n_keys):
-        start[k + 1] += start[k]
-    order = np.empty(n, np.int64)
-    fill = start[:-1].copy()
-    for p in range(n):
-        order[fill[inverse[p]]] = p
-        fill[inverse[p]] += 1
-    return div, bag_of, start, order
-
-
-@njit(_CB_SIG, **OPTS)
-def _combine_backward_serial(  # type: ignore[no-untyped-def]
-    grad_out, rows, inverse, bounds, weights, combiner, max_norm, out
-):
-    div, bag_of, start, order = _backward_plan(inverse, bounds, weights, combiner, rows.shape[0])
-    for k in range(rows.shape[0]):
-        _backward_key(k, grad_out, rows, bag_of, weights, max_norm, div, start, order, out)
-
-
-@njit(_CB_SIG, parallel=True, **OPTS)
-def _combine_backward_parallel(  # type: ignore[no-untyped-def]
-    grad_out, rows, inverse, bounds, weights, combiner, max_norm, out
-):
-    # Each task owns whole keys, so no two tasks write the same row.
-    div, bag_of, start, order = _backward_plan(inverse, bounds, weights, combiner, rows.shape[0])
-    for k in prange(rows.shape[0]):
-        _backward_key(k, grad_out, rows, bag_of, weights, max_norm, div, start, order, out)
-
-
+@njit(types.void(F4_2D, F4_2D, I8, I8, F4, i8, f8, F4_2D), **OPTS)
 def combine_backward(  # type: ignore[no-untyped-def]
     grad_out, rows, inverse, bounds, weights, combiner, max_norm, out
-) -> None:
-    """Gradient of gather_combine with respect to rows (see reference.bags)."""
-    big = inverse.shape[0] >= PARALLEL_MIN_KEYS
-    kernel = _combine_backward_parallel if big else _combine_backward_serial
-    kernel(grad_out, rows, inverse, bounds, weights, combiner, max_norm, out)
+):
+    dim = rows.shape[1]
+    out[:] = 0.0
+    for b in range(bounds.shape[0] - 1):
+        div = _divisor(weights, bounds, b, combiner)
+        if div == 0.0:
+            continue
+        for p in range(bounds[b], bounds[b + 1]):
+            coef = np.float32(np.float64(weights[p]) / div)
+            r = inverse[p]
+            for j in range(dim):
+                out[r, j] += coef * grad_out[b, j]
+    if max_norm == np.inf:
+        return
+    # Every position of key k saw the same row x, so its summed gradient g goes through one
+    # Jacobian of the max_norm scaling: J^T g = s g - max_norm (x . g) x / (|x| (|x| + eps)^2).
+    for k in range(rows.shape[0]):
+        s = _clip_scale(rows, k, max_norm)
+        if s == 1.0:
+            continue
+        sq = 0.0
+        dot = 0.0
+        for j in range(dim):
+            x = np.float64(rows[k, j])
+            sq += x * x
+            dot += x * out[k, j]
+        norm = np.sqrt(sq)
+        proj = max_norm * dot / (norm * (norm + NORM_EPS) ** 2)
+        for j in range(dim):
+            out[k, j] = s * out[k, j] - proj * rows[k, j]
