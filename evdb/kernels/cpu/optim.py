@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, types
 
-from evdb.kernels.cpu._common import F4_2D, F8, I8, OPTS, PARALLEL_MIN_KEYS, i8
+from evdb.kernels.cpu._common import F4_2D, F8, I8, OPTS, PARALLEL_MIN_KEYS, i8, prefetch
 
 ROW_CHUNK = 64  # rows per task: the gradient scratch is allocated once per chunk
+PREFETCH_AHEAD = 8  # rows between a prefetch and its use
 
 
 @njit(types.void(I8, I8, I8), **OPTS)
@@ -49,7 +50,16 @@ def _apply_chunk(  # type: ignore[no-untyped-def]
     # one scratch per chunk of ROW_CHUNK rows
     g = np.empty(dim, np.float64)
     w = np.empty(dim, np.float64)
-    for u in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, n_rows)):
+    hi = min((c + 1) * ROW_CHUNK, n_rows)
+    for u in range(c * ROW_CHUNK, hi):
+        # Rows are scattered over the slab: ask for the row PREFETCH_AHEAD ahead (its value and
+        # slot lines) while this one computes, so the misses overlap.
+        if u + PREFETCH_AHEAD < hi and rows[u + PREFETCH_AHEAD] >= 0:
+            ahead = rows[u + PREFETCH_AHEAD]
+            for j in range(0, dim, 16):
+                prefetch(values, ahead, j)
+            for j in range(0, slots.shape[1], 16):
+                prefetch(slots, ahead, j)
         r = rows[u]
         if r < 0:
             continue
