@@ -37,10 +37,14 @@ def _float_matrix(x: Any, shape: tuple[int, int], arg: str) -> Float32Array:
     if arr.shape != shape:
         raise InvalidArgumentError(f"{arg} must have shape {shape}, got {arr.shape}")
     out = np.ascontiguousarray(arr, dtype=np.float32)
+    # A NaN or inf makes the sum non-finite, so a finite sum clears the matrix at half the cost
+    # of isfinite (25 vs 46 ms for 1.9M x 64). A huge finite sum can overflow: check exactly.
+    if np.isfinite(out.sum()):
+        return out
     bad = ~np.isfinite(out)
     if bad.any():
         i, j = (int(v) for v in np.argwhere(bad)[0])
-        raise InvalidArgumentError(f"{arg}[{i}, {j}] = {arr[i, j]} is not finite")
+        raise InvalidArgumentError(f"{arg}[{i}, {j}] = {arr[i, j]} is not finite as float32")
     return out
 
 

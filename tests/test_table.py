@@ -172,6 +172,15 @@ def test_non_finite_gradients_raise_and_change_nothing(db) -> None:
     assert snapshot(t) == before
 
 
+def test_huge_finite_values_are_accepted(db) -> None:
+    # Their float32 sum overflows to inf: the fast finiteness check must not reject them.
+    t = db.create_table("t", dim=2)
+    t.upsert([1, 2], [[3e38, 3e38], [3e38, 3e38]])
+    assert t.lookup([1]).tolist() == [[np.float32(3e38)] * 2]
+    with pytest.raises(ValueError, match=r"values\[0, 1\] = 1e\+39 is not finite as float32"):
+        t.upsert([3], [[1.0, 1e39]])
+
+
 @pytest.mark.parametrize(
     "call,error,message",
     [
