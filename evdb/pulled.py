@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,10 @@ class Pulled:
     counts: Int64Array
     step: int
     table: str
+    # Where the rows were: push reuses them while the tier has freed nothing since (no re-probe).
+    _rows: Int64Array = field(default_factory=lambda: np.empty(0, np.int64), repr=False)
+    _tier: object = field(default=None, repr=False)
+    _frees: int = field(default=-1, repr=False)
 
     def combine(
         self,

@@ -323,7 +323,19 @@ class Table:
             np.take(self._dram.values, rows, axis=0, out=out, mode="clip")
         if not admitted.all():
             out[~admitted] = self.defaults(uniq[~admitted])
-        return Pulled(uniq, inverse, out, admitted, counts, self._db.step, self.name)
+        rows[~admitted] = -1
+        return Pulled(
+            uniq,
+            inverse,
+            out,
+            admitted,
+            counts,
+            self._db.step,
+            self.name,
+            _rows=rows,
+            _tier=self._dram,
+            _frees=self._dram.frees,
+        )
 
     def push(self, pulled: Pulled, grads: Any, *, per_position: bool = False) -> None:
         """Apply the table's optimizer to the pulled rows, in place.
@@ -357,8 +369,15 @@ class Table:
         else:
             bounds = np.arange(u + 1, dtype=np.int64)
             positions = bounds[:-1]
-        rows = self._live_rows(pulled.keys)
-        rows[~pulled.admitted] = -1
+        if pulled._tier is self._dram and pulled._frees == self._dram.frees:
+            rows = pulled._rows.copy()  # no row was freed since the pull: they still hold
+            if self.config.ttl_steps is not None:  # but they may have expired meanwhile
+                have = rows >= 0
+                have[have] = self._dram.last_step[rows[have]] >= self._min_live()
+                rows[~have] = -1
+        else:
+            rows = self._live_rows(pulled.keys)
+            rows[~pulled.admitted] = -1
         ok = rows >= 0
         self._counters["dropped_gradients"] += int(u - np.count_nonzero(ok))
         version = self._bump_version()

@@ -53,6 +53,9 @@ class DramTier(Tier):
         self.is_pinned: BoolArray = np.zeros(0, dtype=bool)
         self._pinned_rows: Int64Array = np.empty(0, dtype=np.int64)
         self.evictions = 0
+        # Calls that freed rows: a row number handed out earlier still names the same key as
+        # long as this has not changed (rows move only when freed and reused).
+        self.frees = 0
         self.expired_evictions = 0
 
     # -- capabilities ---------------------------------------------------------------------
@@ -133,9 +136,14 @@ class DramTier(Tier):
     def remove_rows(self, rows: Int64Array) -> None:
         """Free rows (distinct, live)."""
         self.index.remove(self.row_keys[rows])
-        self.is_live[rows] = False
-        self.is_pinned[rows] = False
-        self.alloc.release(rows)
+        self._free(rows)
+
+    def _free(self, rows: Int64Array) -> None:
+        if rows.shape[0]:
+            self.is_live[rows] = False
+            self.is_pinned[rows] = False
+            self.alloc.release(rows)
+            self.frees += 1
 
     def live_rows(self) -> Int64Array:
         return np.flatnonzero(self.is_live[: self.alloc.high_water])
@@ -158,10 +166,7 @@ class DramTier(Tier):
     def remove(self, keys: Int64Array) -> BoolArray:
         rows = self.index.remove(keys)
         found = rows >= 0
-        gone = rows[found]
-        self.is_live[gone] = False
-        self.is_pinned[gone] = False
-        self.alloc.release(gone)
+        self._free(rows[found])
         return found
 
     def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
