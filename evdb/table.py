@@ -77,6 +77,7 @@ class Table:
         self._pushes = 0
         self._counters = {"not_admitted": 0, "expired_on_pull": 0, "dropped_gradients": 0}
         self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
+        self._dedup_scratch = np.full((1024, 2), -1, dtype=np.int64)  # unique_inverse's index
 
     # -- helpers --------------------------------------------------------------------------
     def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
@@ -102,7 +103,12 @@ class Table:
         uniq = np.empty(n, dtype=np.int64)
         inverse = np.empty(n, dtype=np.int64)
         counts = np.zeros(n, dtype=np.int64)
-        u = cpu.unique_inverse(keys, uniq, inverse, counts)
+        cap = self._dedup_scratch.shape[0]
+        if cap < 2 * n:  # kept between calls, empty between calls (the kernel clears it)
+            while cap < 2 * n:
+                cap *= 2
+            self._dedup_scratch = np.full((cap, 2), -1, dtype=np.int64)
+        u = cpu.unique_inverse(keys, self._dedup_scratch, uniq, inverse, counts)
         return uniq[:u], inverse, counts[:u]
 
     def _live_rows(self, keys: Int64Array) -> Int64Array:

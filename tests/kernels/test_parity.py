@@ -115,7 +115,9 @@ def test_unique_inverse_matches_reference(kernels, reference, rng, n, pool) -> N
         u_out = np.empty(n, dtype=np.int64)
         inv = np.empty(n, dtype=np.int64)
         cnt = np.zeros(n, dtype=np.int64)
-        u = mod.unique_inverse(keys, u_out, inv, cnt)
+        scratch = empty_index(16384)
+        u = mod.unique_inverse(keys, scratch, u_out, inv, cnt)
+        assert (scratch[:, 1] == -1).all()  # left empty for the next call
         outs.append((u, u_out[:u].copy(), inv, cnt[:u].copy()))
     for got, want in zip(outs[1], outs[0], strict=True):
         np.testing.assert_array_equal(got, want)

@@ -10,7 +10,8 @@ from evdb.kernels import reference as ref
 def test_unique_inverse_orders_by_first_occurrence() -> None:
     keys = np.array([7, 9, 7, 4, 9], dtype=np.int64)
     u, inv, cnt = np.empty(5, np.int64), np.empty(5, np.int64), np.zeros(5, np.int64)
-    n = ref.unique_inverse(keys, u, inv, cnt)
+    scratch = np.full((16, 2), -1, np.int64)
+    n = ref.unique_inverse(keys, scratch, u, inv, cnt)
     assert n == 3
     assert u[:3].tolist() == [7, 9, 4]
     assert inv.tolist() == [0, 1, 0, 2, 1]

@@ -82,13 +82,19 @@ def probe_gather(
 
 
 def unique_inverse(
-    keys: np.ndarray, out_unique: np.ndarray, out_inverse: np.ndarray, out_counts: np.ndarray
+    keys: np.ndarray,
+    scratch: np.ndarray,
+    out_unique: np.ndarray,
+    out_inverse: np.ndarray,
+    out_counts: np.ndarray,
 ) -> int:
     """Deduplicate keys in order of first occurrence.
 
     Returns u, the number of distinct keys; out_unique[:u] are the distinct keys in the order
     they first appear, out_inverse (n,) maps each position to its index in out_unique, and
     out_counts[:u] is how often each distinct key occurs. ``out_unique[out_inverse] == keys``.
+    ``scratch (cap, 2) int64`` is the caller's empty index (every row -1 in column 1, cap a
+    power of two >= 2 n) for backends that hash; it must be empty again on return.
     """
     uniq, first, inverse, counts = np.unique(
         keys, return_index=True, return_inverse=True, return_counts=True
