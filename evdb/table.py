@@ -111,14 +111,19 @@ class Table:
         u = cpu.unique_inverse(keys, self._dedup_scratch, uniq, inverse, counts)
         return uniq[:u], inverse, counts[:u]
 
+    def _expired(self, rows: Int64Array) -> BoolArray:
+        """Which entries of rows (-1 = none) hold a row that has expired at db.step."""
+        stale = rows >= 0
+        if self.config.ttl_steps is not None:
+            stale[stale] = self._dram.last_step[rows[stale]] < self._min_live()
+        else:
+            stale[:] = False
+        return stale
+
     def _live_rows(self, keys: Int64Array) -> Int64Array:
         """Rows of keys, -1 where absent or expired."""
         rows = self._dram.locate(keys)
-        if self.config.ttl_steps is None:
-            return rows
-        found = rows >= 0
-        found[found] = self._dram.last_step[rows[found]] >= self._min_live()
-        rows[~found] = -1
+        rows[self._expired(rows)] = -1
         return rows
 
     def _fresh_records(
@@ -136,11 +141,7 @@ class Table:
     def _drop_expired(self, keys: Int64Array) -> Int64Array:
         """Rows of keys, after removing the expired ones (which then start afresh)."""
         rows = self._dram.locate(keys)
-        if self.config.ttl_steps is None:
-            return rows
-        found = rows >= 0
-        stale = found.copy()
-        stale[found] = self._dram.last_step[rows[found]] < self._min_live()
+        stale = self._expired(rows)
         if stale.any():
             self._dram.remove_rows(rows[stale])
             rows[stale] = -1
@@ -377,10 +378,7 @@ class Table:
             positions = bounds[:-1]
         if pulled._tier is self._dram and pulled._frees == self._dram.frees:
             rows = pulled._rows.copy()  # no row was freed since the pull: they still hold
-            if self.config.ttl_steps is not None:  # but they may have expired meanwhile
-                have = rows >= 0
-                have[have] = self._dram.last_step[rows[have]] >= self._min_live()
-                rows[~have] = -1
+            rows[self._expired(rows)] = -1  # but they may have expired meanwhile
         else:
             rows = self._live_rows(pulled.keys)
             rows[~pulled.admitted] = -1
