@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Pulled", "Table"]
 
+_SMALL_SCRATCH = 1024  # slots of the dedup index a table always keeps
+
 
 def _float_matrix(x: Any, shape: tuple[int, int], arg: str) -> Float32Array:
     """x as a C-contiguous float32 (n, dim) matrix with only finite values, or raise."""
@@ -77,7 +79,7 @@ class Table:
         self._pushes = 0
         self._counters = {"not_admitted": 0, "expired_on_pull": 0, "dropped_gradients": 0}
         self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
-        self._dedup_scratch = np.full((1024, 2), -1, dtype=np.int64)  # unique_inverse's index
+        self._dedup_scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
 
     # -- helpers --------------------------------------------------------------------------
     def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
@@ -98,7 +100,14 @@ class Table:
             return self.config.initializer.values(keys, self.dim)
         return np.full((keys.shape[0], self.dim), dv, dtype=np.float32)
 
-    def _dedup(self, keys: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+    def _dedup(
+        self, keys: Int64Array, *, keep_scratch: bool = False
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """Distinct keys in first-occurrence order, the inverse and the counts. The kernel's
+        scratch index (16 bytes per slot, 2 slots per key) is kept for the next call when
+        ``keep_scratch`` (pull: the training loop repeats its batch size, and a fresh 134 MB
+        index cost 50 ms of page faults per 2M keys) and otherwise dropped back to 16 KiB
+        after a large call, so a bulk upsert leaves no memory behind."""
         n = keys.shape[0]
         uniq = np.empty(n, dtype=np.int64)
         inverse = np.empty(n, dtype=np.int64)
@@ -109,6 +118,8 @@ class Table:
                 cap *= 2
             self._dedup_scratch = np.full((cap, 2), -1, dtype=np.int64)
         u = cpu.unique_inverse(keys, self._dedup_scratch, uniq, inverse, counts)
+        if not keep_scratch and self._dedup_scratch.shape[0] > _SMALL_SCRATCH:
+            self._dedup_scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
         return uniq[:u], inverse, counts[:u]
 
     def _expired(self, rows: Int64Array) -> BoolArray:
@@ -284,7 +295,7 @@ class Table:
         from eviction until its ``push`` or the next ``pull``.
         """
         k = self._keys(keys)
-        uniq, inverse, counts = self._dedup(k)
+        uniq, inverse, counts = self._dedup(k, keep_scratch=True)
         cap = self._dram.capacity_rows
         if cap is not None and uniq.shape[0] > cap:
             raise CapacityError(
@@ -484,6 +495,7 @@ class Table:
             "version": self._version,
             "pushes": self._pushes,
             "tiers": {"dram": self._dram.stats()},
+            "scratch_bytes": int(self._dedup_scratch.nbytes + self._out_rows.nbytes),
             "admission": {
                 "policy": policy.kind,
                 "min_count": policy.min_count,
