@@ -26,6 +26,7 @@ bench: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_PIN) psutil
 	$(BIN)/pip install -q -e .
 	$(BIN)/python bench/bench_lookup.py
+	$(BIN)/python bench/bench_train.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
