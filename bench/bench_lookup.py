@@ -33,11 +33,7 @@ Run: ``.venv/bin/python bench/bench_lookup.py`` (about 2.6 GB of rows for the ev
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
-import os
-import platform
-import resource
 import statistics
 import sys
 import tempfile
@@ -48,7 +44,18 @@ from typing import Any
 
 import numba
 import numpy as np
-import psutil
+from _common import (
+    cpu_line,
+    fmt_count,
+    fmt_rate,
+    fmt_ratio,
+    malloc_trim,
+    print_table,
+    random_keys,
+    rss,
+    versions_line,
+    wall_line,
+)
 
 import evdb
 
@@ -62,7 +69,6 @@ FILL_CHUNK = 1 << 20  # rows per upsert while building the table
 PULL_BATCH = 65_536
 PULL_NEW = 0.10  # share of never-seen keys in a pull batch
 AIM_FACTOR, AIM_OVERHEAD = 1.3, 16  # memory aim: bytes_per_row < 1.3 * 4 * dim + 16
-_I64 = np.iinfo(np.int64)
 
 
 @dataclass
@@ -109,59 +115,11 @@ def median_seconds(fn: Callable[[], Any], repeat: int) -> float:
     return statistics.median(times)
 
 
-def rss() -> int:
-    return int(psutil.Process().memory_info().rss)
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
-
-
-_malloc_trim = _load_malloc_trim()
-
-
 def trimmed_rss() -> int | None:
     """RSS after glibc hands its free heap memory back: what live objects hold."""
-    if _malloc_trim is None:
+    if not malloc_trim():
         return None
-    _malloc_trim(0)
     return rss()
-
-
-def random_keys(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.integers(_I64.min, _I64.max, size=n, dtype=np.int64, endpoint=True)
-
-
-def fmt_rate(keys_per_s: float | None) -> str:
-    if keys_per_s is None:
-        return "-"
-    if keys_per_s >= 1e6:
-        return f"{keys_per_s / 1e6:.1f}M/s"
-    return f"{keys_per_s / 1e3:.0f}K/s"
-
-
-def fmt_ratio(r: float | None) -> str:
-    if r is None:
-        return "-"
-    return f"{r:.2f}x" if r < 10 else f"{r:.1f}x"
-
-
-def fmt_count(n: int) -> str:
-    return f"{n:,}"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # -- the measurements ---------------------------------------------------------------------
@@ -287,12 +245,9 @@ def print_header(args: argparse.Namespace) -> None:
     torch_threads = f", torch threads {torch.get_num_threads()}" if torch is not None else ""
     lines = [
         "evdb lookup benchmark (bench/bench_lookup.py)",
-        f"cpu         {cpu_model()}, {os.cpu_count()} cores "
-        f"({len(os.sched_getaffinity(0))} usable), "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM",
+        cpu_line(),
         f"threads     numba {numba.get_num_threads()}{torch_threads}",
-        f"versions    python {platform.python_version()}, numpy {np.__version__}, "
-        f"numba {numba.__version__}, torch {torch_v}, evdb {evdb.__version__}",
+        versions_line(torch_v),
         f"data        values float32, dim {args.dim} ({4 * args.dim} B/row raw); "
         "keys int64, uniform random",
         f"rows        {', '.join(fmt_count(r) for r in args.rows)}",
@@ -303,21 +258,6 @@ def print_header(args: argparse.Namespace) -> None:
         "units       keys/s (M = 1e6); ratios are evdb / baseline (above 1x: evdb faster)",
     ]
     print("\n".join(lines))
-
-
-def print_table(header: list[str], rows: list[list[str]], first_left: int = 0) -> None:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i < first_left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    print(line(header))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print(line(r))
 
 
 def print_report(report: Report, dim: int) -> None:
@@ -403,10 +343,7 @@ def main(argv: list[str] | None = None) -> None:
                 db.drop_table(TABLE)
             db.close()
     print_report(report, args.dim)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB (bytes on macOS)
-    peak *= 1 if sys.platform == "darwin" else 1024
-    wall = time.time() - psutil.Process().create_time()
-    print(f"\nwall time {wall:.0f}s (whole process), peak RSS {peak / 2**30:.1f} GiB")
+    print(f"\n{wall_line()}")
 
 
 if __name__ == "__main__":

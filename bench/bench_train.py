@@ -39,24 +39,30 @@ run and freed before the next. Run: ``.venv/bin/python bench/bench_train.py`` or
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
-import os
-import platform
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numba
 import numpy as np
-import psutil
 import torch
+from _common import (
+    cpu_line,
+    fmt_count,
+    fmt_gib,
+    fmt_rate,
+    fmt_ratio,
+    malloc_trim,
+    print_table,
+    random_keys,
+    rss,
+    versions_line,
+    wall_line,
+)
 
 import evdb
 
@@ -68,7 +74,6 @@ VALUE_SCALE = 0.1  # start values uniform in [-0.05, 0.05)
 PARITY_ROWS, PARITY_EXAMPLES, PARITY_STEPS, PARITY_TOL = 1000, 64, 6, 1e-4
 EVDB_PHASES = ("pull", "combine", "backward", "push", "advance")
 TORCH_PHASES = ("forward", "backward", "optim")
-_I64 = np.iinfo(np.int64)
 
 # torch.optim.Adagrad's sparse path warns once that sparse invariant checks are off.
 warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
@@ -104,33 +109,9 @@ class Report:
 
 
 # -- helpers ------------------------------------------------------------------------------
-def rss() -> int:
-    return int(psutil.Process().memory_info().rss)
-
-
-def peak_rss() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB (bytes on macOS)
-    return peak * (1 if sys.platform == "darwin" else 1024)
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
-
-
-_malloc_trim = _load_malloc_trim()
-
-
 def free_memory() -> None:
     gc.collect()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-def random_keys(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.integers(_I64.min, _I64.max, size=n, dtype=np.int64, endpoint=True)
+    malloc_trim()
 
 
 def start_values(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -209,60 +190,8 @@ def medians(stamps: list[list[float]], names: tuple[str, ...]) -> tuple[float, d
     return step, phases
 
 
-def fmt_rate(per_s: float) -> str:
-    if per_s >= 1e6:
-        return f"{per_s / 1e6:.2f}M/s"
-    return f"{per_s / 1e3:.1f}K/s"
-
-
-def fmt_ratio(r: float) -> str:
-    return f"{r:.2f}x" if r < 10 else f"{r:.1f}x"
-
-
 def fmt_ms(s: float) -> str:
     return f"{s * 1e3:.1f}" if s < 0.1 else f"{s * 1e3:.0f}"
-
-
-def fmt_count(n: float) -> str:
-    return f"{n:,.0f}"
-
-
-def fmt_gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def git_revision() -> str:
-    """' (git <commit>[, modified])' of the checkout evdb is imported from, or ''."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(evdb.__file__)))
-    try:
-        rev = subprocess.run(
-            ["git", "-C", root, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "evdb"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return f" (git {rev}{', evdb/ modified' if dirty else ''})"
 
 
 def log(msg: str) -> None:
@@ -440,14 +369,10 @@ def print_header(args: argparse.Namespace) -> None:
             dists.append("uniform (rows uniform at random)")
     lines = [
         "evdb training-step benchmark (bench/bench_train.py)",
-        f"cpu         {cpu_model()}, {os.cpu_count()} cores "
-        f"({len(os.sched_getaffinity(0))} usable), "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM",
+        cpu_line(),
         f"threads     numba {numba.get_num_threads()}, torch {torch.get_num_threads()} "
         f"(interop {torch.get_num_interop_threads()})",
-        f"versions    python {platform.python_version()}, numpy {np.__version__}, "
-        f"numba {numba.__version__}, torch {torch.__version__}, evdb {evdb.__version__}"
-        f"{git_revision()}",
+        versions_line(torch.__version__),
         f"data        values float32, dim {args.dim}; keys int64, random; rows "
         f"{', '.join(fmt_count(r) for r in args.rows)}; start values uniform "
         f"[{-VALUE_SCALE / 2}, {VALUE_SCALE / 2})",
@@ -467,21 +392,6 @@ def print_header(args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
-def print_table(header: list[str], rows: list[list[str]], first_left: int = 0) -> None:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i < first_left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    print(line(header))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print(line(r))
-
-
 def print_report(report: Report, args: argparse.Namespace) -> None:
     ex = args.examples
     print("\ntraining step: examples/s and evdb / torch")
@@ -495,8 +405,8 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
                 r.dist,
                 fmt_count(r.keys),
                 fmt_count(r.unique),
-                fmt_rate(ex / r.evdb),
-                fmt_rate(ex / r.torch),
+                fmt_rate(ex / r.evdb, digits=2),
+                fmt_rate(ex / r.torch, digits=2),
                 fmt_ratio(r.torch / r.evdb),
                 fmt_ms(r.evdb),
                 fmt_ms(r.torch),
@@ -597,8 +507,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nparity ok ({what})")
     else:
         print(f"\n!!! PARITY FAILED: evdb and torch disagree beyond {PARITY_TOL} ({what}) !!!")
-    wall = time.time() - psutil.Process().create_time()
-    print(f"wall time {wall:.0f}s (whole process), peak RSS {fmt_gib(peak_rss())}")
+    print(wall_line())
     if not ok:
         sys.exit(1)
 
