@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.arrays import float_matrix
 from evdb.bags import parse_bags
-from evdb.errors import InvalidArgumentError, InvalidTypeError
 from evdb.kernels import cpu
 
 __all__ = ["Pulled"]
@@ -88,16 +88,10 @@ class Pulled:
         ``keys``, ready for ``Table.push``. ``grad_out`` (B, dim) is d loss / d combine(...);
         the other arguments must be those given to ``combine``."""
         bags = parse_bags(self.inverse.shape[0], offsets, weights, combiner, max_norm)
-        g = np.asarray(grad_out)
-        if g.dtype.kind not in "fiu":
-            raise InvalidTypeError(f"grad_out must be a float array, got dtype {g.dtype}")
-        if g.shape != (bags.n_bags, self.rows.shape[1]):
-            raise InvalidArgumentError(
-                f"grad_out must have shape {(bags.n_bags, self.rows.shape[1])}, got {g.shape}"
-            )
+        g = float_matrix(grad_out, (bags.n_bags, self.rows.shape[1]), "grad_out")
         out = np.empty_like(self.rows)
         cpu.combine_backward(
-            np.ascontiguousarray(g, dtype=np.float32),
+            g,
             self.rows,
             self.inverse,
             bags.bounds,

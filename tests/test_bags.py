@@ -146,3 +146,13 @@ def test_bag_lookup_of_string_keys(db) -> None:
     t.upsert(["a", "b"], [[1.0, 2.0], [3.0, 4.0]])
     got = t.lookup(["a", "b", "zz", "b"], [0, 2], combiner="sum")
     assert got.tolist() == [[4.0, 6.0], [3.0, 4.0]]
+
+
+def test_combine_backward_rejects_bad_grad_out(table) -> None:
+    p = table.pull(KEYS)
+    bad = np.ones((len(OFFSETS), 5))
+    bad[2, 3] = np.nan
+    with pytest.raises(ValueError, match=r"grad_out\[2, 3\] = nan is not finite"):
+        p.combine_backward(bad, OFFSETS)
+    with pytest.raises(ValueError, match=r"grad_out must have shape \(5, 5\)"):
+        p.combine_backward(np.ones((4, 5)), OFFSETS)

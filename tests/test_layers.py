@@ -17,7 +17,7 @@ LAYERS = [
     {"evdb", "evdb.database"},  # "evdb" is the package facade, for callers only
     {"evdb.table", "evdb.pulled"},
     {"evdb.tiers"},
-    {"evdb.persist", "evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex"},
+    {"evdb.persist", "evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"},
     {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records"},
     {"evdb.kernels"},
     {"evdb.errors", "evdb._types"},
