@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -72,5 +73,5 @@ def read_table(root: Path, name: str) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, zipfile.BadZipFile) as e:  # a truncated npz is a bad zip
         raise CorruptDataError(f"{path}: cannot read table {name!r} ({e})") from e

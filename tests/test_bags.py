@@ -156,3 +156,16 @@ def test_combine_backward_rejects_bad_grad_out(table) -> None:
         p.combine_backward(bad, OFFSETS)
     with pytest.raises(ValueError, match=r"grad_out must have shape \(5, 5\)"):
         p.combine_backward(np.ones((4, 5)), OFFSETS)
+
+
+def test_bag_lookup_uses_a_constant_default_value(db) -> None:
+    t = db.create_table("c", dim=2, default_value=-3.0, initializer=evdb.init.Ones())
+    t.upsert([1], [[1.0, 1.0]])
+    got = t.lookup([1, 99, 98], [0, 1], combiner="sum")  # 99, 98 have no row: -3 each
+    assert got.tolist() == [[1.0, 1.0], [-6.0, -6.0]]
+
+
+def test_empty_offsets_need_no_keys(table) -> None:
+    assert table.lookup(np.empty(0, np.int64), np.empty(0, np.int64)).shape == (0, 5)
+    with pytest.raises(ValueError, match="offsets is empty but there are 10 keys"):
+        table.lookup(KEYS, np.empty(0, np.int64))

@@ -95,3 +95,17 @@ def test_flush_writes_without_closing(tmp_path: Path) -> None:
     db.close()
     with evdb.open(tmp_path) as db:
         np.testing.assert_array_equal(db.table("t").lookup([1, 2]), [[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_a_damaged_table_file_fails_with_the_table_named(tmp_path: Path) -> None:
+    with evdb.open(tmp_path) as db:
+        db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
+    path = tmp_path / "tables" / "t.npz"
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    with pytest.raises(evdb.CorruptDataError, match=r"t\.npz: cannot read table 't'"):
+        evdb.open(tmp_path)
+
+
+def test_dram_rows_and_dram_config_are_exclusive(db) -> None:
+    with pytest.raises(evdb.ConfigError, match="not both"):
+        db.create_table("t", dim=2, dram_rows=5, dram=evdb.DramConfig(capacity_rows=5))

@@ -278,3 +278,12 @@ def test_rows_and_config_survive_close_and_reopen(tmp_path: Path) -> None:
         assert t._dram.freq[t._dram.locate(np.array([1, 3]))].tolist() == freq
         db.advance(4)  # rows were last touched at step 0: now expired, after the reopen too
         assert len(t) == 0
+
+
+def test_dedup_scratch_is_kept_for_pulls_and_dropped_after_bulk_calls(db) -> None:
+    t = db.create_table("t", dim=2)
+    small = t.stats()["scratch_bytes"]
+    t.upsert(np.arange(50_000), np.zeros((50_000, 2)))
+    assert t.stats()["scratch_bytes"] == small  # a bulk load leaves no scratch behind
+    t.pull(np.arange(50_000))
+    assert t.stats()["scratch_bytes"] >= 2 * 50_000 * 16  # the training loop keeps it
