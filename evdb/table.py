@@ -61,6 +61,7 @@ class Table:
         self._counters = {"not_admitted": 0, "expired_on_pull": 0, "dropped_gradients": 0}
         self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
         self._dedup_scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
+        self._mark = np.full(0, -1, dtype=np.int32)  # unique_rows' row marks, one per slab row
 
     # -- helpers --------------------------------------------------------------------------
     def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
@@ -81,25 +82,27 @@ class Table:
             return self.config.initializer.values(keys, self.dim)
         return np.full((keys.shape[0], self.dim), dv, dtype=np.float32)
 
-    def _dedup(
-        self, keys: Int64Array, *, keep_scratch: bool = False
-    ) -> tuple[Int64Array, Int64Array, Int64Array]:
-        """Distinct keys in first-occurrence order, the inverse and the counts. The kernel's
-        scratch index (16 bytes per slot, 2 slots per key) is kept for the next call when
-        ``keep_scratch`` (pull: the training loop repeats its batch size, and a fresh 134 MB
-        index cost 50 ms of page faults per 2M keys) and otherwise dropped back to 16 KiB
-        after a large call, so a bulk upsert leaves no memory behind."""
+    def _fit_scratch(self, n: int) -> None:
+        """Make the dedup scratch index big enough for n keys (load <= 0.5); it is kept
+        between calls and empty between calls (the kernels clear the slots they use)."""
+        cap = self._dedup_scratch.shape[0]
+        if cap < 2 * n:
+            while cap < 2 * n:
+                cap *= 2
+            self._dedup_scratch = np.full((cap, 2), -1, dtype=np.int64)
+
+    def _dedup(self, keys: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """Distinct keys in first-occurrence order, the inverse and the counts, for the bulk
+        calls (upsert, delete). Pulls use ``_dedup_rows`` and keep the scratch index for the
+        next batch (a fresh 134 MB one cost 50 ms of page faults per 2M keys); a bulk call
+        drops it back to 16 KiB afterwards, so a bulk load leaves no memory behind."""
         n = keys.shape[0]
         uniq = np.empty(n, dtype=np.int64)
         inverse = np.empty(n, dtype=np.int64)
         counts = np.zeros(n, dtype=np.int64)
-        cap = self._dedup_scratch.shape[0]
-        if cap < 2 * n:  # kept between calls, empty between calls (the kernel clears it)
-            while cap < 2 * n:
-                cap *= 2
-            self._dedup_scratch = np.full((cap, 2), -1, dtype=np.int64)
+        self._fit_scratch(n)
         u = cpu.unique_inverse(keys, self._dedup_scratch, uniq, inverse, counts)
-        if not keep_scratch and self._dedup_scratch.shape[0] > _SMALL_SCRATCH:
+        if self._dedup_scratch.shape[0] > _SMALL_SCRATCH:
             self._dedup_scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
         return uniq[:u], inverse, counts[:u]
 
@@ -130,9 +133,29 @@ class Table:
             version=np.full(n, version, dtype=np.uint64),
         )
 
-    def _drop_expired(self, keys: Int64Array) -> Int64Array:
-        """Rows of keys, after removing the expired ones (which then start afresh)."""
-        rows = self._dram.locate(keys)
+    def _dedup_rows(
+        self, keys: Int64Array
+    ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]:
+        """Like ``_dedup``, plus the row of each distinct key (-1 = none): keys are probed
+        once, and those with a row deduplicate by row number through ``_mark`` (one int32 per
+        slab row, kept empty between calls) instead of hashing."""
+        n = keys.shape[0]
+        rows_n = self._dram.locate(keys)
+        high = self._dram.alloc.high_water
+        if self._mark.shape[0] < high:
+            self._mark = np.full(max(high, 2 * self._mark.shape[0]), -1, dtype=np.int32)
+        self._fit_scratch(n)
+        uniq = np.empty(n, dtype=np.int64)
+        inverse = np.empty(n, dtype=np.int64)
+        counts = np.zeros(n, dtype=np.int64)
+        rows = np.empty(n, dtype=np.int64)
+        u = cpu.unique_rows(
+            keys, rows_n, self._mark, self._dedup_scratch, uniq, inverse, counts, rows
+        )
+        return uniq[:u], inverse, counts[:u], rows[:u]
+
+    def _drop_expired(self, rows: Int64Array) -> Int64Array:
+        """rows, after removing the expired ones (which then start afresh)."""
         stale = self._expired(rows)
         if stale.any():
             self._dram.remove_rows(rows[stale])
@@ -276,7 +299,7 @@ class Table:
         from eviction until its ``push`` or the next ``pull``.
         """
         k = self._keys(keys)
-        uniq, inverse, counts = self._dedup(k, keep_scratch=True)
+        uniq, inverse, counts, found = self._dedup_rows(k)
         cap = self._dram.capacity_rows
         if cap is not None and uniq.shape[0] > cap:
             raise CapacityError(
@@ -285,7 +308,7 @@ class Table:
             )
         self._dram.unpin_all()
         version = self._bump_version()
-        rows = self._drop_expired(uniq)
+        rows = self._drop_expired(found)
         admitted = rows >= 0
         have = np.flatnonzero(admitted)
         if have.size:
@@ -409,7 +432,7 @@ class Table:
         v = v[last]
         self._check_room(uniq, "keys")
         version = self._bump_version()
-        rows = self._drop_expired(uniq)
+        rows = self._drop_expired(self._dram.locate(uniq))
         have = rows >= 0
         r = rows[have]
         self._dram.values[r] = v[have]
@@ -476,7 +499,9 @@ class Table:
             "version": self._version,
             "pushes": self._pushes,
             "tiers": {"dram": self._dram.stats()},
-            "scratch_bytes": int(self._dedup_scratch.nbytes + self._out_rows.nbytes),
+            "scratch_bytes": int(
+                self._dedup_scratch.nbytes + self._out_rows.nbytes + self._mark.nbytes
+            ),
             "admission": {
                 "policy": policy.kind,
                 "min_count": policy.min_count,

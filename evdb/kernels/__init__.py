@@ -26,6 +26,7 @@ KERNELS = (
     "segment_sum_apply",
     "sketch_add",
     "unique_inverse",
+    "unique_rows",
 )
 BACKENDS = ("reference", "cpu")
 

@@ -123,6 +123,26 @@ def test_unique_inverse_matches_reference(kernels, reference, rng, n, pool) -> N
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("n,pool", [(0, 1), (1, 1), (5000, 300), (3000, 100_000)])
+def test_unique_rows_matches_reference(kernels, reference, rng, n, pool) -> None:
+    keys = random_keys(rng, n, dup_from=pool)[:n]
+    # about half the distinct keys have a row (numbered arbitrarily), the others none
+    distinct = np.unique(keys)
+    row_of = dict(zip(distinct.tolist(), rng.permutation(distinct.shape[0]).tolist(), strict=True))
+    rows = np.array([row_of[k] if k % 2 else -1 for k in keys.tolist()], dtype=np.int64)
+    outs = []
+    for mod in (reference, kernels):
+        mark = np.full(max(distinct.shape[0], 1), -1, np.int32)
+        scratch = empty_index(16384)
+        u_out, inv = np.empty(n, np.int64), np.empty(n, np.int64)
+        cnt, r_out = np.zeros(n, np.int64), np.empty(n, np.int64)
+        u = mod.unique_rows(keys, rows, mark, scratch, u_out, inv, cnt, r_out)
+        assert (mark == -1).all() and (scratch[:, 1] == -1).all()  # both left empty
+        outs.append((u, u_out[:u].copy(), inv, cnt[:u].copy(), r_out[:u].copy()))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("n_hashes,width", [(1, 97), (4, 1000), (7, 64)])
 def test_sketch_add_matches_reference(kernels, reference, rng, n_hashes, width) -> None:
     keys = random_keys(rng, 300)

@@ -16,6 +16,7 @@ from evdb.kernels.cpu.index import (
     probe_gather,
     sketch_add,
     unique_inverse,
+    unique_rows,
 )
 from evdb.kernels.cpu.init import fill_normal, fill_uniform
 from evdb.kernels.cpu.optim import group_positions, segment_sum_apply
@@ -34,4 +35,5 @@ __all__ = [
     "segment_sum_apply",
     "sketch_add",
     "unique_inverse",
+    "unique_rows",
 ]

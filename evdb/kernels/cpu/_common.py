@@ -10,6 +10,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 i8, u8, f4, f8, b1 = types.int64, types.uint64, types.float32, types.float64, types.boolean
+I4 = types.Array(types.int32, 1, "C")
 I8 = types.Array(types.int64, 1, "C")
 I8_2D = types.Array(types.int64, 2, "C")
 U1 = types.Array(types.uint8, 1, "C")

@@ -20,6 +20,7 @@ from evdb.kernels.reference.index import (
     probe_gather,
     sketch_add,
     unique_inverse,
+    unique_rows,
 )
 from evdb.kernels.reference.init import fill_normal, fill_uniform
 from evdb.kernels.reference.optim import group_positions, segment_sum_apply
@@ -38,4 +39,5 @@ __all__ = [
     "segment_sum_apply",
     "sketch_add",
     "unique_inverse",
+    "unique_rows",
 ]

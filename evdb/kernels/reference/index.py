@@ -139,3 +139,24 @@ def sketch_add(
     np.minimum(acc, 255, out=acc)
     counters[:] = acc
     out[:] = acc[pos].min(axis=1) if n_hashes else 0
+
+
+def unique_rows(
+    keys: np.ndarray,
+    rows: np.ndarray,
+    mark: np.ndarray,
+    scratch: np.ndarray,
+    out_unique: np.ndarray,
+    out_inverse: np.ndarray,
+    out_counts: np.ndarray,
+    out_rows: np.ndarray,
+) -> int:
+    """unique_inverse for keys whose rows (n,) the index already gave (-1 = no row), which
+    also returns out_rows[:u], the row of each distinct key. Backends may deduplicate keys that
+    have a row through ``mark`` (one int32 per slab row, all -1 on entry and on return) and
+    the others through ``scratch`` (as in unique_inverse); the result is the same."""
+    u = unique_inverse(keys, scratch, out_unique, out_inverse, out_counts)
+    first = np.full(u, -1, dtype=np.int64)
+    first[out_inverse[::-1]] = np.arange(keys.shape[0])[::-1]  # first position of each key
+    out_rows[:u] = rows[first]
+    return u
