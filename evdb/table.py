@@ -7,6 +7,7 @@ records. See the README's operations table for what each call does on a hit and 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -256,6 +257,17 @@ class Table:
             miss = rows < 0
             out[miss] = self.defaults(k[miss])
         return out
+
+    @property
+    def learning_rate(self) -> float:
+        """The optimizer's current learning rate (``config.optimizer.lr`` until changed)."""
+        return float(self._optimizer.lr)
+
+    @learning_rate.setter
+    def learning_rate(self, lr: float) -> None:
+        """Change the learning rate of later pushes (LR schedules); the rest of the rule and
+        the persisted config stay as created."""
+        self._optimizer = dataclasses.replace(self._optimizer, lr=lr)  # validates lr
 
     def _default_params(self) -> tuple[int, int, float, float]:
         dv = self.config.default_value

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 
 # Each layer may import the layers after it, never those before it.
 LAYERS = [
-    {"evdb.demo"},
+    {"evdb.demo", "evdb.torch"},
     {"evdb", "evdb.database"},  # "evdb" is the package facade, for callers only
     {"evdb.table", "evdb.pulled"},
     {"evdb.tiers"},

@@ -1,0 +1,422 @@
+"""The PyTorch binding: modules that stand where ``torch.nn.EmbeddingBag`` or TorchRec's
+``EmbeddingBagCollection`` stood, with the rows in evdb tables.
+
+In ``train()`` mode with gradients enabled, forward pulls the batch's rows (admission counts,
+rows are created) and combines them; backward turns the output gradient into per-key
+gradients and pushes them, which applies the table's fused optimizer to the rows in place. In
+``eval()`` mode, or under ``torch.no_grad()``, forward is a ``lookup``: no counting, no row
+creation, no gradient. The user's torch optimizer covers only dense parameters::
+
+    emb = EmbeddingBag(db.table("item"), mode="mean")
+    dense_opt = torch.optim.Adam(mlp.parameters())
+    for batch in loader:
+        out = mlp(emb(batch.ids, batch.offsets))     # pull + combine
+        loss = loss_fn(out, batch.label)
+        dense_opt.zero_grad()
+        loss.backward()                              # combine backward + push (rows updated)
+        dense_opt.step()
+        db.advance()                                 # one global step per batch: TTL, ageing
+
+Differences from ``torch.nn.EmbeddingBag``: there is no ``num_embeddings`` (any int64 key is
+valid, and a key without a row reads its default value); ``mode`` adds ``"sqrtn"`` and has no
+``"max"``; ``max_norm`` scales looked-up rows but never rewrites the stored ones; only
+``norm_type=2``. The module holds no parameters: ``state_dict()`` carries the table name and
+config, and the rows are saved with the database. Under ``torch.compile`` the evdb call is a
+graph break (``torch.compiler.disable``): the model compiles around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from evdb.errors import InvalidArgumentError
+from evdb.pulled import Pulled
+from evdb.table import Table
+
+__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "FusedOptimizer"]
+
+_MODES = ("sum", "mean", "sqrtn")
+
+
+class FusedOptimizer(torch.optim.Optimizer):
+    """The tables' own optimizers, seen as one ``torch.optim.Optimizer``.
+
+    One param group per table, ``{"lr": ..., "table": name}``: a torch LR scheduler that
+    changes a group's ``lr`` changes the table's learning rate from the next push on.
+    ``step()`` and ``zero_grad()`` do nothing, because the update happens inside backward.
+    """
+
+    def __init__(self, tables: Mapping[str, Table]) -> None:
+        self._tables = dict(tables)
+        groups = [
+            {"params": [torch.zeros(())], "lr": t.learning_rate, "table": name}
+            for name, t in self._tables.items()
+        ]
+        super().__init__(groups, {"lr": 0.0})
+
+    def sync(self, table: Table) -> None:
+        """Apply the param group's lr to the table (called before each push)."""
+        for group in self.param_groups:
+            if self._tables.get(group["table"]) is table and group["lr"] != table.learning_rate:
+                table.learning_rate = float(group["lr"])
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
+class _PullCombine(torch.autograd.Function):
+    """forward: pull + combine; backward: combine backward + push (one per call)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        anchor: torch.Tensor,
+        weights: torch.Tensor | None,
+        table: Table,
+        keys: np.ndarray,
+        offsets: np.ndarray,
+        mode: str,
+        max_norm: float | None,
+        sync: Any,
+    ) -> torch.Tensor:
+        w = None if weights is None else weights.detach().to(torch.float32).cpu().numpy()
+        pulled = table.pull(keys)
+        ctx.state = (table, pulled, offsets, w, mode, max_norm, sync)
+        return torch.from_numpy(pulled.combine(offsets, w, mode, max_norm))
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        table, pulled, offsets, w, mode, max_norm, sync = ctx.state
+        g = grad_out.detach().to(torch.float32).contiguous().cpu().numpy()
+        grads = pulled.combine_backward(g, offsets, w, mode, max_norm)
+        sync(table)
+        table.push(pulled, grads)
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.from_numpy(_weight_grad(pulled, g, offsets, max_norm))
+        return (None, grad_w, None, None, None, None, None, None)
+
+
+def _weight_grad(
+    pulled: Pulled, grad_out: np.ndarray, offsets: np.ndarray, max_norm: float | None
+) -> np.ndarray:
+    """d loss / d per_sample_weights for mode "sum": <x_p, grad_out[bag of p]>."""
+    n = pulled.inverse.shape[0]
+    bounds = np.append(offsets, n)
+    bag_of = np.repeat(np.arange(bounds.shape[0] - 1), np.diff(bounds))
+    x = pulled.rows[pulled.inverse].astype(np.float64)
+    if max_norm is not None:
+        norm = np.linalg.norm(x, axis=1, keepdims=True)
+        x = np.where(norm > max_norm, x * max_norm / (norm + 1e-7), x)
+    grad_w: np.ndarray = (x * grad_out[bag_of]).sum(axis=1).astype(np.float32)
+    return grad_w
+
+
+@torch.compiler.disable  # type: ignore[untyped-decorator]
+def _embed(
+    module: nn.Module,
+    table: Table,
+    keys: np.ndarray,
+    offsets: np.ndarray,
+    weights: torch.Tensor | None,
+    mode: str,
+    max_norm: float | None,
+    sync: Any,
+) -> torch.Tensor:
+    out: torch.Tensor
+    if module.training and torch.is_grad_enabled():
+        out = _PullCombine.apply(  # type: ignore[no-untyped-call]
+            module._anchor, weights, table, keys, offsets, mode, max_norm, sync
+        )
+    else:  # inference: no counting, no row creation, no gradient
+        w = None if weights is None else weights.detach().to(torch.float32).cpu().numpy()
+        out = torch.from_numpy(table.lookup(keys, offsets, w, mode, max_norm))
+    if torch.is_autocast_enabled("cpu"):
+        out = out.to(torch.get_autocast_dtype("cpu"))
+    return out
+
+
+def _keys_array(values: torch.Tensor, name: str) -> np.ndarray:
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(values).__name__}")
+    if values.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise TypeError(f"{name} must be an integer tensor, got {values.dtype}")
+    return values.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
+
+
+def _bags(
+    input: torch.Tensor,
+    offsets: torch.Tensor | None,
+    per_sample_weights: torch.Tensor | None,
+    include_last_offset: bool,
+    padding_idx: int | None,
+) -> tuple[np.ndarray, np.ndarray, torch.Tensor | None]:
+    """torch.nn.EmbeddingBag's input conventions -> (keys (n,), offsets (B,), weights)."""
+    if input.dim() == 2:
+        if offsets is not None:
+            raise ValueError(
+                "if input is 2D, then offsets has to be None, as input is treated is a "
+                "mini-batch of fixed length sequences. However, found offsets of type "
+                f"{type(offsets)}"
+            )
+        n_bags, length = input.shape
+        off = np.arange(0, n_bags * length, length, dtype=np.int64)
+    elif input.dim() == 1:
+        if offsets is None:
+            raise ValueError("offsets has to be a 1D Tensor but got None")
+        if offsets.dim() != 1:
+            raise ValueError("offsets has to be a 1D Tensor")
+        off = _keys_array(offsets, "offsets")
+        if include_last_offset:
+            if off.shape[0] == 0:
+                raise ValueError("include_last_offset needs at least one offset")
+            off = off[:-1]
+    else:
+        raise ValueError(
+            f"input has to be 1D or 2D Tensor, but got Tensor of dimension {input.dim()}"
+        )
+    if per_sample_weights is not None and per_sample_weights.shape != input.shape:
+        raise ValueError(
+            f"embedding_bag: If per_sample_weights ({per_sample_weights.shape}) is not None, "
+            f"then it must have the same shape as the input ({input.shape})"
+        )
+    keys = _keys_array(input, "input")
+    weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
+    if padding_idx is not None:  # padding positions leave their bags (and the mean's count)
+        keep = keys != padding_idx
+        if not keep.all():
+            kept_before = np.concatenate([[0], np.cumsum(keep)])
+            if off.shape[0] and (off[-1] > keys.shape[0] or (np.diff(off) < 0).any()):
+                raise InvalidArgumentError("offsets must be non-decreasing and within input")
+            off = kept_before[off]
+            keys = keys[keep]
+            if weights is not None:
+                weights = weights[torch.from_numpy(keep)]
+    return keys, off, weights
+
+
+class EmbeddingBag(nn.Module):
+    """``torch.nn.EmbeddingBag`` over an evdb table.
+
+    Parameters
+    ----------
+    table : evdb.Table
+        Where the rows live; several modules may share one table.
+    mode : "sum" | "mean" | "sqrtn"
+        How each bag is combined (torch's default is "mean").
+    max_norm : float, optional
+        Looked-up rows are scaled to at most this L2 norm (the stored rows are not changed).
+    norm_type : float
+        Only 2.0 (the L2 norm) is supported.
+    include_last_offset, padding_idx
+        As in torch.nn.EmbeddingBag; ``padding_idx`` is a key that bags skip.
+
+    Examples
+    --------
+    >>> import tempfile, torch, evdb
+    >>> from evdb.torch import EmbeddingBag
+    >>> db = evdb.open(tempfile.mkdtemp())
+    >>> emb = EmbeddingBag(db.create_table("item", dim=4), mode="sum")
+    >>> out = emb(torch.tensor([7, 9, 7, 4]), torch.tensor([0, 3]))   # bags [7, 9, 7] and [4]
+    >>> out.shape, out.requires_grad
+    (torch.Size([2, 4]), True)
+    >>> out.sum().backward()            # pushes the gradients: the rows are updated in place
+    >>> db.close()
+    """
+
+    def __init__(
+        self,
+        table: Table,
+        mode: str = "mean",
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(table, Table):
+            raise TypeError(f"table must be an evdb.Table, got {type(table).__name__}")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        if norm_type != 2.0:
+            raise ValueError(f"norm_type must be 2.0 (evdb clips by L2 norm), got {norm_type}")
+        self.table = table
+        self.mode = mode
+        self.max_norm = max_norm
+        self.include_last_offset = include_last_offset
+        self.padding_idx = padding_idx
+        self.embedding_dim = table.dim
+        # A tensor that requires grad, so autograd calls our backward even when nothing
+        # upstream of the keys does; not a Parameter, so no torch optimizer sees it.
+        self._anchor = torch.zeros((), requires_grad=True)
+        self.fused_optimizer = FusedOptimizer({table.name: table})
+
+    def forward(
+        self,
+        input: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if per_sample_weights is not None and self.mode != "sum":
+            raise NotImplementedError(
+                "embedding_bag: per_sample_weights was not None. per_sample_weights is only "
+                f"supported for mode='sum' (got mode='{self.mode}')."
+            )
+        keys, off, weights = _bags(
+            input, offsets, per_sample_weights, self.include_last_offset, self.padding_idx
+        )
+        out: torch.Tensor = _embed(
+            self,
+            self.table,
+            keys,
+            off,
+            weights,
+            self.mode,
+            self.max_norm,
+            self.fused_optimizer.sync,
+        )
+        return out
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The table's name and config: the rows are the database's, saved with it."""
+        return {"table": self.table.name, "config": self.table.config.to_dict()}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if state.get("table") != self.table.name:
+            raise ValueError(
+                f"state_dict is for table {state.get('table')!r}, this module has "
+                f"{self.table.name!r}"
+            )
+
+    def extra_repr(self) -> str:
+        return f"table={self.table.name!r}, dim={self.embedding_dim}, mode={self.mode!r}"
+
+
+class EmbeddingBagCollection(nn.Module):
+    """Several features, each through a table, with one pull and one push per table per step
+    (features sharing a table are looked up together), like TorchRec's EmbeddingBagCollection.
+
+    ``forward(features)`` takes a dict ``name -> (values, offsets)`` or, by duck typing, a
+    TorchRec ``KeyedJaggedTensor`` (``keys()``, ``values()``, ``offsets()`` or ``lengths()``,
+    ``weights_or_none()``), and returns a dict ``name -> (B, dim)`` tensor, or, with
+    ``concat=True``, one ``(B, sum of dims)`` tensor in feature order.
+    """
+
+    def __init__(
+        self,
+        tables: Mapping[str, Table],
+        mode: str = "sum",
+        max_norm: float | None = None,
+        concat: bool = False,
+    ) -> None:
+        super().__init__()
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        for name, t in tables.items():
+            if not isinstance(t, Table):
+                raise TypeError(f"tables[{name!r}] must be an evdb.Table, got {type(t).__name__}")
+        self.tables = dict(tables)
+        self.mode = mode
+        self.max_norm = max_norm
+        self.concat = concat
+        self._anchor = torch.zeros((), requires_grad=True)
+        distinct = {t.name: t for t in self.tables.values()}
+        self.fused_optimizer = FusedOptimizer(distinct)
+
+    def _features(self, features: Any) -> dict[str, tuple[np.ndarray, np.ndarray, Any]]:
+        if (
+            hasattr(features, "keys")
+            and hasattr(features, "values")
+            and callable(getattr(features, "weights_or_none", None))
+        ):  # a KeyedJaggedTensor: values of all keys concatenated, one lengths run per key
+            names = list(features.keys())
+            values = _keys_array(features.values(), "values")
+            lengths = (
+                features.lengths().detach().cpu().numpy().astype(np.int64)
+                if features.lengths() is not None
+                else np.diff(features.offsets().detach().cpu().numpy().astype(np.int64))
+            )
+            weights = features.weights_or_none()
+            per_key = lengths.reshape(len(names), -1)
+            out, start = {}, 0
+            for name, lens in zip(names, per_key, strict=True):
+                stop = start + int(lens.sum())
+                off = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+                w = None if weights is None else weights[start:stop]
+                out[name] = (values[start:stop], off, w)
+                start = stop
+            return out
+        out = {}
+        for name, item in dict(features).items():
+            values, offsets = item[0], item[1]
+            w = item[2] if len(item) > 2 else None
+            out[name] = (
+                _keys_array(values, f"features[{name!r}] values"),
+                _keys_array(offsets, f"features[{name!r}] offsets"),
+                w,
+            )
+        return out
+
+    def forward(self, features: Any) -> dict[str, torch.Tensor] | torch.Tensor:
+        feats = self._features(features)
+        unknown = [name for name in feats if name not in self.tables]
+        if unknown:
+            raise KeyError(f"features: no table for {unknown[0]!r}; known: {sorted(self.tables)}")
+        results: dict[str, torch.Tensor] = {}
+        by_table: dict[str, list[str]] = {}
+        for name in feats:
+            by_table.setdefault(self.tables[name].name, []).append(name)
+        for names in by_table.values():  # one pull and push per table: concatenate its bags
+            table = self.tables[names[0]]
+            keys, offs, ws, splits, base = [], [], [], [], 0
+            for name in names:
+                k, off, w = feats[name]
+                keys.append(k)
+                offs.append(off + base)
+                ws.append(w)
+                splits.append(off.shape[0])
+                base += k.shape[0]
+            weighted = any(w is not None for w in ws)
+            weights = None
+            if weighted:
+                weights = torch.cat(
+                    [
+                        torch.ones(k.shape[0]) if w is None else w.reshape(-1).to(torch.float32)
+                        for k, w in zip(keys, ws, strict=True)
+                    ]
+                )
+            out = _embed(
+                self,
+                table,
+                np.concatenate(keys),
+                np.concatenate(offs),
+                weights,
+                self.mode,
+                self.max_norm,
+                self.fused_optimizer.sync,
+            )
+            for name, part in zip(names, torch.split(out, splits), strict=True):
+                results[name] = part
+        ordered = {name: results[name] for name in feats}
+        if self.concat:
+            return torch.cat(list(ordered.values()), dim=1)
+        return ordered
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {
+            name: {"table": t.name, "config": t.config.to_dict()} for name, t in self.tables.items()
+        }
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        for name, t in self.tables.items():
+            if state.get(name, {}).get("table") != t.name:
+                raise ValueError(f"state_dict has no matching table for feature {name!r}")
