@@ -156,6 +156,13 @@ def test_input_conventions_of_torch_embedding_bag(db) -> None:
             ValueError,
             "must have the same shape as the input",
         ),
+        (
+            lambda e: EmbeddingBag(e.table, padding_idx=2)(
+                torch.tensor([1, 2]), torch.tensor([0, 3])
+            ),
+            ValueError,
+            r"offsets\[1\] = 3 is past the end",
+        ),
     ],
 )
 def test_bad_input_raises_clearly(db, call, error, message) -> None:
