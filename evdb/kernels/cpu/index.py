@@ -191,6 +191,22 @@ def probe_gather(
     return int(kernel(slots, values, last_step, keys, min_live_step, out, out_rows))
 
 
+@njit(types.UniTuple(i8, 2)(I8_2D, i8, i8, i8), inline="always", **OPTS)
+def _find_or_add(scratch, mask, key, u):  # type: ignore[no-untyped-def]
+    """(position of key in a dedup scratch index, -1) if present; else add it at position u
+    and return (u, the slot it took), so the caller can clear that slot later."""
+    j = _home(key, mask)
+    while True:
+        s = scratch[j, 1]
+        if s < 0:
+            scratch[j, 0] = key
+            scratch[j, 1] = u
+            return u, j
+        if scratch[j, 0] == key:
+            return s, np.int64(-1)
+        j = (j + 1) & mask
+
+
 @njit(i8(I8, I8_2D, I8, I8, I8), **OPTS)
 def unique_inverse(keys, scratch, out_unique, out_inverse, out_counts):  # type: ignore[no-untyped-def]
     # scratch is a caller-owned index (key, position in out_unique), empty on entry and left
@@ -201,24 +217,15 @@ def unique_inverse(keys, scratch, out_unique, out_inverse, out_counts):  # type:
     used = np.empty(n, np.int64)  # slot of each distinct key, to clear them at the end
     u = 0
     for i in range(n):
-        key = keys[i]
-        j = _home(key, mask)
-        while True:
-            r = scratch[j, 1]
-            if r < 0:
-                scratch[j, 0] = key
-                scratch[j, 1] = u
-                used[u] = j
-                out_unique[u] = key
-                out_counts[u] = 1
-                out_inverse[i] = u
-                u += 1
-                break
-            if scratch[j, 0] == key:
-                out_inverse[i] = r
-                out_counts[r] += 1
-                break
-            j = (j + 1) & mask
+        pos, slot = _find_or_add(scratch, mask, keys[i], u)
+        out_inverse[i] = pos
+        if slot >= 0:
+            used[u] = slot
+            out_unique[u] = keys[i]
+            out_counts[u] = 1
+            u += 1
+        else:
+            out_counts[pos] += 1
     for k in range(u):
         scratch[used[k], 1] = -1
     return u
@@ -274,26 +281,17 @@ def unique_rows(  # type: ignore[no-untyped-def]
                 out_inverse[i] = m
                 out_counts[m] += 1
             continue
-        key = keys[i]
-        j = _home(key, mask)
-        while True:
-            s = scratch[j, 1]
-            if s < 0:
-                scratch[j, 0] = key
-                scratch[j, 1] = u
-                used[n_used] = j
-                n_used += 1
-                out_unique[u] = key
-                out_rows[u] = -1
-                out_counts[u] = 1
-                out_inverse[i] = u
-                u += 1
-                break
-            if scratch[j, 0] == key:
-                out_inverse[i] = s
-                out_counts[s] += 1
-                break
-            j = (j + 1) & mask
+        pos, slot = _find_or_add(scratch, mask, keys[i], u)
+        out_inverse[i] = pos
+        if slot >= 0:
+            used[n_used] = slot
+            n_used += 1
+            out_unique[u] = keys[i]
+            out_rows[u] = -1
+            out_counts[u] = 1
+            u += 1
+        else:
+            out_counts[pos] += 1
     for k in range(u):  # leave mark and scratch empty for the next call
         if out_rows[k] >= 0:
             mark[out_rows[k]] = -1
