@@ -15,15 +15,13 @@ from evdb.kernels.cpu._common import (
     F4_2D,
     I8,
     I8_2D,
-    I64_MIN,
     OPTS,
     PARALLEL_MIN_KEYS,
     f8,
     i8,
-    prefetch,
     u8,
 )
-from evdb.kernels.cpu.index import _home, _probe_from
+from evdb.kernels.cpu.index import probe_range
 from evdb.kernels.cpu.init import default_element
 
 BAG_CHUNK = 32  # bags per task; their keys are hashed and prefetched together
@@ -78,28 +76,16 @@ def _pgc_chunk(  # type: ignore[no-untyped-def]
     init_b,
     out,
 ):
-    # One chunk of BAG_CHUNK bags: hash and prefetch the home slots of all their keys, probe
-    # and prefetch the rows, then accumulate each bag into its output row. No (n, dim) matrix
-    # exists; a missing key's default is computed in place, element by element.
+    # One chunk of BAG_CHUNK bags: probe all their keys together (probe_range), then
+    # accumulate each bag into its output row. No (n, dim) matrix exists; a missing key's
+    # default is computed in place, element by element.
     n_bags = bounds.shape[0] - 1
     dim = values.shape[1]
-    mask = slots.shape[0] - 1
-    check_ttl = min_live_step != I64_MIN
     b0 = c * BAG_CHUNK
     b1 = min(b0 + BAG_CHUNK, n_bags)
     lo, hi = bounds[b0], bounds[b1]
     rows = np.empty(hi - lo, np.int64)
-    for p in range(lo, hi):
-        h = _home(keys[p], mask)
-        rows[p - lo] = h
-        prefetch(slots, h, 0)
-    for p in range(lo, hi):
-        r = _probe_from(slots, mask, keys[p], rows[p - lo])
-        if r >= 0:
-            prefetch(values, r, 0)
-            if check_ttl and last_step[r] < min_live_step:
-                r = -1
-        rows[p - lo] = r
+    probe_range(slots, values, last_step, keys, lo, hi, min_live_step, rows)
     scratch = np.empty((1, dim), np.float32)
     missing = 0
     for b in range(b0, b1):

@@ -108,35 +108,41 @@ def hash_remove(slots, keys, out):  # type: ignore[no-untyped-def]
             j = (j + 1) & mask
 
 
-@njit(
-    i8(i8, I8_2D, F4_2D, I8, I8, i8, F4_2D, I8, types.Array(types.int64, 1, "C")),
-    inline="always",
-    **OPTS,
-)
-def _probe_gather_chunk(  # type: ignore[no-untyped-def]
-    chunk, slots, values, last_step, keys, min_live_step, out, out_rows, home
-):
-    # Three passes over one chunk of GATHER_CHUNK keys so that its cache misses overlap instead
-    # of queueing behind each other: hash every key and prefetch its home slot; probe (slots
-    # now in flight or cached) and prefetch the row; copy the rows. Measured on 10M rows x dim
-    # 64, 2 threads: 11-16M keys/s probing and copying key by key, 19-27M/s this way.
-    n = keys.shape[0]
+@njit(inline="always", **OPTS)
+def probe_range(slots, values, last_step, keys, lo, hi, min_live_step, out):  # type: ignore[no-untyped-def]
+    """out[p - lo] = live row of keys[p] or -1, for p in [lo, hi), with the range's misses
+    overlapped: hash every key and prefetch its home slot; then probe (slots now in flight or
+    cached) and prefetch the row's lines. Shared by the fused gather and bag kernels.
+    Measured on 10M rows x dim 64, 2 threads: 11-16M keys/s probing and copying key by key,
+    19-27M/s with this split."""
     mask = slots.shape[0] - 1
     check_ttl = min_live_step != I64_MIN  # without a TTL, skip the last_step load (a miss)
-    lo = chunk * GATHER_CHUNK
-    hi = min(lo + GATHER_CHUNK, n)
-    for i in range(lo, hi):
-        h = _home(keys[i], mask)
-        home[i - lo] = h
+    for p in range(lo, hi):
+        h = _home(keys[p], mask)
+        out[p - lo] = h
         prefetch(slots, h, 0)
-    for i in range(lo, hi):
-        r = _probe_from(slots, mask, keys[i], home[i - lo])
+    for p in range(lo, hi):
+        r = _probe_from(slots, mask, keys[p], out[p - lo])
         if r >= 0:
             for col in range(0, values.shape[1], 16):  # one 64-byte line per 16 floats
                 prefetch(values, r, col)
             if check_ttl and last_step[r] < min_live_step:
                 r = -1
-        out_rows[i] = r
+        out[p - lo] = r
+
+
+@njit(
+    i8(i8, I8_2D, F4_2D, I8, I8, i8, F4_2D, I8),
+    inline="always",
+    **OPTS,
+)
+def _probe_gather_chunk(  # type: ignore[no-untyped-def]
+    chunk, slots, values, last_step, keys, min_live_step, out, out_rows
+):
+    # One chunk of GATHER_CHUNK keys: probe them together (probe_range), then copy the rows.
+    lo = chunk * GATHER_CHUNK
+    hi = min(lo + GATHER_CHUNK, keys.shape[0])
+    probe_range(slots, values, last_step, keys, lo, hi, min_live_step, out_rows[lo:hi])
     missing = 0
     for i in range(lo, hi):
         r = out_rows[i]
@@ -154,11 +160,10 @@ _PG_SIG = i8(I8_2D, F4_2D, I8, I8, i8, F4_2D, I8)
 def _probe_gather_serial(  # type: ignore[no-untyped-def]
     slots, values, last_step, keys, min_live_step, out, out_rows
 ):
-    home = np.empty(GATHER_CHUNK, np.int64)
     missing = 0
     for c in range((keys.shape[0] + GATHER_CHUNK - 1) // GATHER_CHUNK):
         missing += _probe_gather_chunk(
-            c, slots, values, last_step, keys, min_live_step, out, out_rows, home
+            c, slots, values, last_step, keys, min_live_step, out, out_rows
         )
     return missing
 
@@ -169,9 +174,8 @@ def _probe_gather_parallel(  # type: ignore[no-untyped-def]
 ):
     missing = 0
     for c in prange((keys.shape[0] + GATHER_CHUNK - 1) // GATHER_CHUNK):
-        home = np.empty(GATHER_CHUNK, np.int64)
         missing += _probe_gather_chunk(
-            c, slots, values, last_step, keys, min_live_step, out, out_rows, home
+            c, slots, values, last_step, keys, min_live_step, out, out_rows
         )
     return missing
 
