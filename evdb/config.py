@@ -16,9 +16,11 @@ from evdb import optim as _optim
 from evdb.errors import ConfigError
 from evdb.keys import KEY_TYPES, KeyType
 
-__all__ = ["DramConfig", "TableConfig"]
+__all__ = ["DiskConfig", "DramConfig", "TableConfig"]
 
 Eviction = Literal["lfu", "lru"]
+DiskDtype = Literal["float32", "float16"]
+Compression = Literal["lz4", "zstd", "none"]
 MAX_DIM = 65536
 
 
@@ -57,6 +59,27 @@ class DramConfig:
 
 
 @dataclass(frozen=True)
+class DiskConfig:
+    """The RocksDB tier under DRAM: rows the DRAM tier has no room for live here."""
+
+    dtype: DiskDtype = "float32"
+    """How values are stored on disk. "float16" halves the values' bytes (trained float32
+    rows barely compress) but rounds a row each time it is written down: a lossy choice, so
+    a row read back from disk may differ from the one written (optimizer slots stay
+    float32; values beyond float16's range are counted in ``stats()``)."""
+    compression: Compression = "lz4"
+    """RocksDB's block compression ("lz4", "zstd" or "none"); see the README's measurements."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "float16"):
+            raise ConfigError(f"disk.dtype must be 'float32' or 'float16', got {self.dtype!r}")
+        if self.compression not in ("lz4", "zstd", "none"):
+            raise ConfigError(
+                f"disk.compression must be 'lz4', 'zstd' or 'none', got {self.compression!r}"
+            )
+
+
+@dataclass(frozen=True)
 class TableConfig:
     """Everything that defines a table; persisted with the database."""
 
@@ -78,6 +101,9 @@ class TableConfig:
     """What a key without a row reads: "init" (its initializer value) or a constant."""
     dram: DramConfig = field(default_factory=DramConfig)
     """The DRAM tier."""
+    disk: DiskConfig | None = field(default_factory=DiskConfig)
+    """The RocksDB tier under DRAM; None = none (every row stays in DRAM, and a full DRAM
+    tier drops rows; they still persist at flush)."""
 
     def __post_init__(self) -> None:
         if (
@@ -97,6 +123,8 @@ class TableConfig:
             value = getattr(self, name)
             if not isinstance(value, kind):
                 raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}")
+        if self.disk is not None and not isinstance(self.disk, DiskConfig):
+            raise ConfigError(f"disk must be a DiskConfig or None, got {self.disk!r}")
         parse_optional_int("ttl_steps", self.ttl_steps, 0)
         if self.l2_threshold is not None and (
             isinstance(self.l2_threshold, bool)
@@ -129,6 +157,9 @@ class TableConfig:
                 "half_life_steps": self.dram.half_life_steps,
                 "evict_fraction": self.dram.evict_fraction,
             },
+            "disk": None
+            if self.disk is None
+            else {"dtype": self.disk.dtype, "compression": self.disk.compression},
         }
 
     @classmethod
@@ -143,4 +174,5 @@ class TableConfig:
             l2_threshold=d["l2_threshold"],
             default_value=d["default_value"],
             dram=DramConfig(**d["dram"]),
+            disk=None if d["disk"] is None else DiskConfig(**d["disk"]),
         )

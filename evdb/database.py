@@ -1,17 +1,37 @@
-"""``Database``: the directory, the global step, the set of tables, flush and close."""
+"""``Database``: the directory, the global step, the set of tables, flush and close.
+
+A database directory holds::
+
+    evdb.json              which checkpoint is current, and the column families RocksDB needs
+                           to open it (replaced atomically: write, fsync, rename)
+    checkpoints/<n>/       the state of the last completed flush: a RocksDB checkpoint (hard
+                           links) holding every table's rows, plus the metadata (step, table
+                           configs, counters, admission state) in its default column family
+    rocksdb/               the working copy, recreated from the current checkpoint at open
+    LOCK                   held (flock) by the process that has the database open
+
+Between flushes, rows that eviction writes down go to the working copy only. ``flush`` writes
+the dirty rows and the metadata, has RocksDB take a checkpoint (a consistent cut across every
+column family), and then points ``evdb.json`` at it. A crash at any moment therefore reopens
+to exactly the last completed flush, and nothing written after it can leak in.
+"""
 
 from __future__ import annotations
 
 import fcntl
+import io
+import json
 import os
 import re
+import shutil
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from evdb import persist
+import numpy as np
+
 from evdb.admission import AdmissionPolicy, AdmitAll
-from evdb.config import DramConfig, TableConfig
+from evdb.config import DiskConfig, DramConfig, TableConfig
 from evdb.errors import (
     ConfigError,
     CorruptDataError,
@@ -25,10 +45,38 @@ from evdb.initializers import Initializer, Normal
 from evdb.keys import KeyType
 from evdb.optim import SGD, Optimizer
 from evdb.table import Table
+from evdb.tiers.rocks import RocksStore, RocksTier
 
 __all__ = ["Database", "open"]
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+FORMAT = "evdb-rocksdb-1"
+POINTER = "evdb.json"
+WORKING = "rocksdb"
+CHECKPOINTS = "checkpoints"
+
+
+def _column_family(table: str) -> str:
+    return f"t.{table}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, allow_pickle=False, **arrays)
+    return buf.getvalue()
+
+
+def _npz_arrays(blob: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
 
 
 def _parse_table_name(name: Any) -> str:
@@ -73,25 +121,81 @@ class Database:
         self._tables: dict[str, Table] = {}
         self._dropped: set[str] = set()
         self._step = 0
+        self._checkpoint = 0
         try:
+            self._store = self._open_store()
             self._load()
         except BaseException:
             self._release()
             raise
 
+    def _read_pointer(self) -> dict[str, Any] | None:
+        path = self.path / POINTER
+        if not path.exists():
+            return None
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CorruptDataError(f"{path}: cannot read the database pointer ({e})") from e
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else meta
+            raise CorruptDataError(f"{path}: unknown format {found!r}, expected {FORMAT!r}")
+        return meta
+
+    def _open_store(self) -> RocksStore:
+        """Recreate the working copy from the current checkpoint (or start empty)."""
+        pointer = self._read_pointer()
+        working = self.path / WORKING
+        checkpoints = self.path / CHECKPOINTS
+        checkpoints.mkdir(exist_ok=True)
+        current = None if pointer is None else str(pointer["checkpoint"])
+        for entry in checkpoints.iterdir():  # left by a flush that did not complete
+            if entry.name != current:
+                shutil.rmtree(entry)
+        if pointer is None:
+            if working.exists():
+                shutil.rmtree(working)
+            return RocksStore(working, {})
+        source = checkpoints / str(current)
+        if not source.is_dir():
+            raise CorruptDataError(f"{self.path}: checkpoint {source} is missing")
+        self._checkpoint = int(str(current))
+        RocksStore.restore(source, working)
+        return RocksStore(working, pointer["column_families"])
+
     def _load(self) -> None:
-        meta = persist.read_manifest(self.path)
-        if meta is None:
+        blob = self._store.get_meta("manifest")
+        if blob is None:
+            self.flush()  # a new database: make the directory a valid one at once
             return
+        meta = json.loads(blob)
         self._step = int(meta["step"])
         for name, cfg in meta["tables"].items():
             try:
                 config = TableConfig.from_dict(cfg)
-                table = Table(self, name, config)
-                table._load_state(persist.read_table(self.path, name))
+                state_blob = self._store.get_meta(f"table/{name}")
+                if state_blob is None:
+                    raise KeyError(f"table/{name}")
+                state = _npz_arrays(state_blob)
+                table = Table(self, name, config, self._backing(name, config, state))
+                table._load_state(state)
             except (KeyError, TypeError, ValueError) as e:
                 raise CorruptDataError(f"{self.path}: table {name!r} cannot be loaded ({e})") from e
             self._tables[name] = table
+
+    def _backing(
+        self, name: str, config: TableConfig, state: dict[str, np.ndarray] | None = None
+    ) -> RocksTier:
+        disk = config.disk or DiskConfig()
+        return RocksTier(
+            self._store,
+            _column_family(name),
+            config.dim,
+            config.optimizer.n_slots(config.dim),
+            compression=disk.compression,
+            dtype=disk.dtype,
+            rows=0 if state is None else int(state["counters"][4]),
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -99,16 +203,42 @@ class Database:
             raise DatabaseClosedError(f"database {self.path} is closed")
 
     def flush(self) -> None:
-        """Write every table and the step to the directory (atomically per file)."""
+        """Make the current state durable: every dirty row, every table's counters and
+        admission state, and the global step. After it returns, a crash loses nothing; a
+        crash before it returns reopens to the previous flush."""
         self._check_open()
+        meta: dict[str, bytes] = {}
         for name, table in self._tables.items():
-            persist.write_table(self.path, name, table._state_arrays())
-        persist.write_manifest(
-            self.path, self._step, {n: t.config.to_dict() for n, t in self._tables.items()}
-        )
-        for name in self._dropped - self._tables.keys():
-            persist.table_path(self.path, name).unlink(missing_ok=True)
+            meta[f"table/{name}"] = _npz_bytes(table._flush())
+        manifest = {
+            "step": self._step,
+            "tables": {n: t.config.to_dict() for n, t in self._tables.items()},
+        }
+        meta["manifest"] = json.dumps(manifest).encode()
+        self._store.put_meta(meta)
+        self._store.delete_meta([f"table/{n}" for n in self._dropped - self._tables.keys()])
         self._dropped.clear()
+        checkpoints = self.path / CHECKPOINTS
+        number = self._checkpoint + 1
+        name = f"{number:010d}"
+        self._store.checkpoint(checkpoints / name)
+        _fsync_dir(checkpoints)
+        pointer = {
+            "format": FORMAT,
+            "checkpoint": name,
+            "column_families": self._store.column_families,
+        }
+        tmp = self.path / (POINTER + ".tmp")
+        with tmp.open("w") as f:
+            json.dump(pointer, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / POINTER)
+        _fsync_dir(self.path)
+        old = checkpoints / f"{self._checkpoint:010d}"
+        self._checkpoint = number
+        if old.exists():
+            shutil.rmtree(old)
 
     def _release(self) -> None:
         self._closed = True
@@ -122,6 +252,7 @@ class Database:
         try:
             self.flush()
         finally:
+            self._store.close()
             self._release()
 
     def __enter__(self) -> Database:
@@ -164,10 +295,13 @@ class Database:
         default_value: Literal["init"] | float = "init",
         dram_rows: int | None = None,
         dram: DramConfig | None = None,
+        disk: bool | DiskConfig = True,
     ) -> Table:
         """Create a table; see ``TableConfig`` for each option.
 
         ``dram_rows`` is shorthand for ``dram=DramConfig(capacity_rows=dram_rows)``.
+        ``disk=True`` (the default) puts a RocksDB tier with default settings under DRAM, so
+        rows beyond ``dram_rows`` spill to disk; ``disk=False`` keeps every row in DRAM.
         Raises ``TableExistsError`` (a ValueError) if the name is taken.
         """
         self._check_open()
@@ -186,8 +320,9 @@ class Database:
             l2_threshold=l2_threshold,
             default_value=default_value,
             dram=DramConfig(capacity_rows=dram_rows) if dram is None else dram,
+            disk=_parse_disk(disk),
         )
-        table = Table(self, name, config)
+        table = Table(self, name, config, self._backing(name, config))
         self._tables[name] = table
         self._dropped.discard(name)
         return table
@@ -211,11 +346,22 @@ class Database:
         """Delete a table and its rows (from disk at the next flush)."""
         self.table(name)
         del self._tables[name]
+        self._store.drop_column_family(_column_family(name))  # the checkpoint keeps it
         self._dropped.add(name)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"step={self._step}, tables={sorted(self._tables)}"
         return f"Database({str(self.path)!r}, {state})"
+
+
+def _parse_disk(disk: Any) -> DiskConfig | None:
+    if disk is True:
+        return DiskConfig()
+    if disk is False:
+        return None
+    if isinstance(disk, DiskConfig):
+        return disk
+    raise ConfigError(f"disk must be True, False or a DiskConfig, got {disk!r}")
 
 
 def open(path: str | os.PathLike[str]) -> Database:

@@ -54,6 +54,16 @@ class RecordBatch:
     def __len__(self) -> int:
         return int(self.values.shape[0])
 
+    def take(self, which: np.ndarray) -> RecordBatch:
+        """The records selected by a bool mask or an index array."""
+        return RecordBatch(
+            values=self.values[which],
+            slots=self.slots[which],
+            freq=self.freq[which],
+            last_step=self.last_step[which],
+            version=self.version[which],
+        )
+
     def pack(self) -> np.ndarray:
         """Return the records as a (n,) structured array of ``record_dtype`` (canonical bytes)."""
         out = np.empty(len(self), dtype=record_dtype(self.values.shape[1], self.slots.shape[1]))

@@ -23,6 +23,8 @@ from evdb.keys import normalize_keys
 from evdb.pulled import Pulled
 from evdb.records import FREQ_MAX, RecordBatch
 from evdb.tiers import scoring
+from evdb.tiers.base import Tier
+from evdb.tiers.chain import TierChain
 from evdb.tiers.dram import DramTier
 
 if TYPE_CHECKING:
@@ -48,7 +50,9 @@ class Table:
     ([7, 9], [True, False], 1)
     """
 
-    def __init__(self, db: Database, name: str, config: TableConfig) -> None:
+    def __init__(
+        self, db: Database, name: str, config: TableConfig, backing: Tier | None = None
+    ) -> None:
         self._db = db
         self.name = name
         self.config = config
@@ -57,6 +61,14 @@ class Table:
         self._admission = config.admission.new_state()
         self._n_slots = config.optimizer.n_slots(config.dim)
         self._dram = DramTier(config.dim, self._n_slots, config.dram)
+        # With a disk tier the DRAM tier caches it; without one, rows still persist in the
+        # backing store (written at flush) but every row stays in DRAM.
+        self._chain = TierChain(
+            self._dram,
+            backing,
+            spill=config.disk is not None,
+            track_steps=config.ttl_steps is not None,
+        )
         self._version = 0  # table-wide mutation counter; rows record the value that changed them
         self._pushes = 0
         self._counters = {"not_admitted": 0, "expired_on_pull": 0, "dropped_gradients": 0}
@@ -159,15 +171,76 @@ class Table:
         """rows, after removing the expired ones (which then start afresh)."""
         stale = self._expired(rows)
         if stale.any():
-            self._dram.remove_rows(rows[stale])
+            self._chain.remove_rows(rows[stale])
             rows[stale] = -1
             self._counters["expired_on_pull"] += int(np.count_nonzero(stale))
         return rows
 
+    def _promote_misses(self, uniq: Int64Array, rows: Int64Array) -> None:
+        """Bring the rows of distinct keys the DRAM tier lacks (rows == -1) up from the tier
+        below, dirty (the caller changes them next), writing their rows into ``rows``. Rows
+        found below but expired are removed there and stay -1: the key starts afresh."""
+        miss = np.flatnonzero(rows < 0)
+        if miss.size == 0 or not self._chain.has_rows_below:
+            return
+        found, records = self._chain.fetch(uniq[miss])
+        if records is None or len(records) == 0:
+            return
+        at = miss[found]
+        live = records.last_step >= self._min_live()
+        if not live.all():
+            dead = ~live
+            self._chain.remove_fetched(uniq[at[dead]], records.last_step[dead])
+            self._counters["expired_on_pull"] += int(np.count_nonzero(dead))
+            records = records.take(live)
+            at = at[live]
+        rows[at] = self._chain.promote(uniq[at], records, dirty=True)
+
+    def _read_below(self, keys: Int64Array, promote: bool) -> Float32Array:
+        """Values of keys the DRAM tier lacks: their rows below where live, else defaults;
+        with ``promote``, the rows found are cached (clean)."""
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        values = self.defaults(uniq)
+        found, records = self._chain.fetch(uniq)
+        if records is not None and len(records):
+            live = records.last_step >= self._min_live()
+            at = np.flatnonzero(found)[live]
+            values[at] = records.values[live]
+            if promote and at.size:
+                self._chain.promote(uniq[at], records.take(live), dirty=False)
+                self._chain.evict(self._db.step, self._min_live())
+        return values[inverse.ravel()]
+
+    def _read_records(self, keys: Any) -> tuple[BoolArray, RecordBatch]:
+        """Whole records (slots, freq, last_step, version too) of keys' live rows, from
+        whichever tier holds the truth: (found (n,), records of the found keys, in order).
+        For checkpoints, exports and tests; changes nothing."""
+        k = self._keys(keys)
+        rows = self._dram.locate(k)
+        rows[self._expired(rows)] = -1
+        uncached = np.flatnonzero(self._dram.locate(k) < 0)
+        found = rows >= 0
+        parts = [(np.flatnonzero(found), self._dram.read(rows[found]))]
+        if uncached.size and self._chain.has_rows_below:
+            hit, records = self._chain.fetch(k[uncached])
+            if records is not None:
+                live = records.last_step >= self._min_live()
+                at = uncached[hit][live]
+                found[at] = True
+                parts.append((at, records.take(live)))
+        order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+        merged = RecordBatch(
+            *(
+                np.concatenate([getattr(p[1], f) for p in parts])[order]
+                for f in ("values", "slots", "freq", "last_step", "version")
+            )
+        )
+        return found, merged
+
     def _check_room(self, keys: Int64Array, arg: str) -> None:
         """Raise before any change if keys cannot all be resident with the pinned batch."""
         cap = self._dram.capacity_rows
-        if cap is None:
+        if cap is None or self._chain.spill:
             return
         rows = self._live_rows(keys)
         found = rows >= 0
@@ -192,6 +265,7 @@ class Table:
         max_norm: float | None = None,
         *,
         out: Float32Array | None = None,
+        promote: bool = False,
     ) -> Float32Array:
         """Read rows for inference: never creates rows, never counts toward admission.
 
@@ -211,6 +285,9 @@ class Table:
             row is not changed).
         out : float32 C-contiguous array of the result's shape, optional
             Written in place and returned; reuse it across calls to skip page faults.
+        promote : bool
+            Cache the rows read from disk in DRAM (clean), as training reads do. Off by
+            default, so that a scan-like read does not flush the hot set out of DRAM.
 
         Returns
         -------
@@ -230,6 +307,20 @@ class Table:
                 f"out must be a C-contiguous float32 array of shape {shape}, "
                 f"got {out.dtype} {out.shape}"
             )
+        if bags is not None and self._chain.has_rows_below and (self._dram.locate(k) < 0).any():
+            # Some rows may be on disk: read them all, then combine (the fused kernel reads
+            # the DRAM tier only).
+            values = self.lookup(k, promote=promote)
+            cpu.gather_combine(
+                values,
+                np.arange(n, dtype=np.int64),
+                bags.bounds,
+                bags.weights,
+                bags.combiner,
+                bags.max_norm,
+                out,
+            )
+            return out
         if bags is not None:
             kind, seed, a, b = self._default_params()
             cpu.probe_gather_combine(
@@ -253,9 +344,13 @@ class Table:
             self._out_rows = np.empty(n, dtype=np.int64)
         rows = self._out_rows[:n]
         missing = self._dram.probe_gather(k, self._min_live(), out, rows)
+        self._chain.count_cache_reads(n - missing, missing)
         if missing:
             miss = rows < 0
-            out[miss] = self.defaults(k[miss])
+            if self._chain.has_rows_below:
+                out[miss] = self._read_below(k[miss], promote)
+            else:
+                out[miss] = self.defaults(k[miss])
         return out
 
     @property
@@ -277,15 +372,21 @@ class Table:
 
     def contains(self, keys: Any) -> BoolArray:
         """(n,) bool: whether each key has a live row."""
-        return self._live_rows(self._keys(keys)) >= 0
+        k = self._keys(keys)
+        rows = self._dram.locate(k)
+        live = rows >= 0
+        live[self._expired(rows)] = False
+        uncached = np.flatnonzero(rows < 0)
+        if uncached.size and self._chain.has_rows_below:
+            found, records = self._chain.fetch(k[uncached])
+            if records is not None:
+                live[uncached[found]] = records.last_step >= self._min_live()
+        return live
 
     def __len__(self) -> int:
         """Live rows: expired rows do not count, even before ``compact()``."""
         self._db._check_open()
-        if self.config.ttl_steps is None:
-            return len(self._dram)
-        live = self._dram.live_rows()
-        return int(np.count_nonzero(self._dram.last_step[live] >= self._min_live()))
+        return self._chain.live_rows(self._min_live())
 
     def items(self, chunk_rows: int = 65536) -> Iterator[tuple[Int64Array, Float32Array]]:
         """Iterate ``(keys (m,) int64, values (m, dim) float32)`` chunks over live rows.
@@ -296,7 +397,7 @@ class Table:
             raise InvalidArgumentError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
         self._db._check_open()
         min_live = self._min_live()
-        for keys, records in self._dram.scan(chunk_rows):
+        for keys, records in self._chain.scan(chunk_rows):
             live = records.last_step >= min_live
             if live.any():
                 yield keys[live], records.values[live]
@@ -313,7 +414,7 @@ class Table:
         k = self._keys(keys)
         uniq, inverse, counts, found = self._dedup_rows(k)
         cap = self._dram.capacity_rows
-        if cap is not None and uniq.shape[0] > cap:
+        if cap is not None and uniq.shape[0] > cap and not self._chain.spill:
             raise CapacityError(
                 f"keys: the batch has {uniq.shape[0]} distinct keys, more than "
                 f"dram_rows={cap}, and this table has no lower tier to spill to"
@@ -321,6 +422,9 @@ class Table:
         self._dram.unpin_all()
         version = self._bump_version()
         rows = self._drop_expired(found)
+        n_hits = int(np.count_nonzero(rows >= 0))
+        self._chain.count_cache_reads(n_hits, rows.shape[0] - n_hits)
+        self._promote_misses(uniq, rows)
         admitted = rows >= 0
         have = np.flatnonzero(admitted)
         if have.size:
@@ -330,6 +434,7 @@ class Table:
             ).astype(np.uint32)
             self._dram.last_step[r] = self._db.step
             self._dram.version[r] = version
+            self._dram.is_dirty[r] = True
         miss = np.flatnonzero(~admitted)
         if miss.size:
             totals = self._admission.observe(uniq[miss], counts[miss], self._db.step)
@@ -344,11 +449,11 @@ class Table:
                     totals[ok],
                     version,
                 )
-                rows[new] = self._dram.insert(new_keys, records)
+                rows[new] = self._chain.create(new_keys, records)
                 admitted[new] = True
             self._counters["not_admitted"] += int(miss.size - new.size)
         self._dram.pin(rows[admitted])
-        self._dram.evict_to_capacity(self._db.step, self._min_live())
+        self._chain.evict(self._db.step, self._min_live())
         out = np.empty((uniq.shape[0], self.dim), dtype=np.float32)
         # take(out=, mode="clip") gathers straight into out: 4.5x faster than out[m] = v[r[m]],
         # which builds a temporary (and mode="raise" copies through one too). Rows of keys not
@@ -426,8 +531,9 @@ class Table:
         r = rows[ok]
         self._dram.last_step[r] = self._db.step
         self._dram.version[r] = version
+        self._dram.is_dirty[r] = True
         self._dram.unpin_all()
-        self._dram.evict_to_capacity(self._db.step, self._min_live())
+        self._chain.evict(self._db.step, self._min_live())
 
     # -- writes ---------------------------------------------------------------------------
     def upsert(self, keys: Any, values: Any) -> None:
@@ -445,31 +551,41 @@ class Table:
         self._check_room(uniq, "keys")
         version = self._bump_version()
         rows = self._drop_expired(self._dram.locate(uniq))
+        self._promote_misses(uniq, rows)  # a row on disk keeps its slots and freq
         have = rows >= 0
         r = rows[have]
         self._dram.values[r] = v[have]
         self._dram.last_step[r] = self._db.step
         self._dram.version[r] = version
+        self._dram.is_dirty[r] = True
         if not have.all():
             new_keys = uniq[~have]
             zero = np.zeros(new_keys.shape[0], dtype=np.int64)
-            rows[~have] = self._dram.insert(
+            rows[~have] = self._chain.create(
                 new_keys, self._fresh_records(new_keys, v[~have], zero, version)
             )
         self._admission.forget(uniq)
-        # The rows just written are not victims of their own insert.
-        self._dram.evict_to_capacity(self._db.step, self._min_live(), protect=rows)
+        # Without a disk tier, the rows just written are not victims of their own insert;
+        # with one, they may go straight down to it.
+        protect = None if self._chain.spill else rows
+        self._chain.evict(self._db.step, self._min_live(), protect=protect)
 
     def delete(self, keys: Any) -> int:
         """Remove keys' rows and pending admission counts; returns how many live rows went."""
         k = self._keys(keys)
         uniq, _, _ = self._dedup(k)
-        live = self._live_rows(uniq) >= 0
-        self._dram.remove(uniq)
+        rows = self._dram.locate(uniq)
+        cached = rows >= 0
+        n_live = int(np.count_nonzero(cached & ~self._expired(rows)))
+        self._chain.remove_rows(rows[cached])
+        if not cached.all() and self._chain.has_rows_below:
+            _, records = self._chain.remove_uncached(uniq[~cached])
+            if records is not None:
+                n_live += int(np.count_nonzero(records.last_step >= self._min_live()))
         self._admission.forget(uniq)
-        if live.any():
+        if n_live:
             self._bump_version()
-        return int(np.count_nonzero(live))
+        return n_live
 
     def compact(self) -> dict[str, int]:
         """Reclaim expired rows and rows with L2 norm below ``l2_threshold`` at ``db.step``.
@@ -478,27 +594,33 @@ class Table:
         reason, and stale pending admission counts forgotten (only with a TTL).
         """
         self._db._check_open()
-        live = self._dram.live_rows()
-        expired = self._dram.last_step[live] < self._min_live()
-        self._dram.remove_rows(live[expired])
-        n_l2 = 0
+        min_live = self._min_live()
         threshold = self.config.l2_threshold
+        live = self._dram.live_rows()
+        expired = self._dram.last_step[live] < min_live
+        weak = np.zeros_like(expired)
         if threshold is not None:
-            rest = live[~expired]
-            norms = np.linalg.norm(self._dram.values[rest], axis=1)
-            weak = rest[norms < threshold]
-            self._dram.remove_rows(weak)
-            n_l2 = int(weak.shape[0])
+            weak[~expired] = np.linalg.norm(self._dram.values[live[~expired]], axis=1) < threshold
+        self._chain.remove_rows(live[expired | weak])
+        n_expired, n_l2 = int(np.count_nonzero(expired)), int(np.count_nonzero(weak))
+        if self._chain.has_rows_below:  # rows only on disk, a chunk at a time
+            assert self._chain.backing is not None
+            for keys, records in self._chain.backing.scan(65536):
+                mine = self._dram.locate(keys) < 0  # a cached copy was judged above
+                dead = mine & (records.last_step < min_live)
+                drop = dead.copy()
+                if threshold is not None:
+                    drop |= mine & ~dead & (np.linalg.norm(records.values, axis=1) < threshold)
+                if drop.any():
+                    self._chain.remove_fetched(keys[drop], records.last_step[drop])
+                n_expired += int(np.count_nonzero(dead))
+                n_l2 += int(np.count_nonzero(drop & ~dead))
         forgotten = 0
         if self.config.ttl_steps is not None:
-            forgotten = self._admission.compact(self._min_live())
-        if expired.any() or n_l2:
+            forgotten = self._admission.compact(min_live)
+        if n_expired or n_l2:
             self._bump_version()
-        return {
-            "expired": int(np.count_nonzero(expired)),
-            "l2": n_l2,
-            "admission_forgotten": forgotten,
-        }
+        return {"expired": n_expired, "l2": n_l2, "admission_forgotten": forgotten}
 
     def stats(self) -> dict[str, Any]:
         """Counts that say what the table holds and what its policies did."""
@@ -510,7 +632,7 @@ class Table:
             "step": self._db.step,
             "version": self._version,
             "pushes": self._pushes,
-            "tiers": {"dram": self._dram.stats()},
+            "tiers": self._chain.stats(),
             "scratch_bytes": int(
                 self._dedup_scratch.nbytes + self._out_rows.nbytes + self._mark.nbytes
             ),
@@ -524,37 +646,48 @@ class Table:
             "dropped_gradients": self._counters["dropped_gradients"],
         }
 
-    # -- persistence (interim npz format, see evdb.persist) -------------------------------
+    # -- persistence (see evdb.database) ---------------------------------------------------
     _COUNTERS = ("not_admitted", "expired_on_pull", "dropped_gradients")
 
-    def _state_arrays(self) -> dict[str, np.ndarray]:
-        live = self._dram.live_rows()
+    def _flush(self) -> dict[str, np.ndarray]:
+        """Write every dirty row down; returns the table's state that is not rows (counters,
+        admission, the step counts of the rows below), for the database's metadata."""
+        self._chain.flush()
+        backing = self._chain.backing
         state: dict[str, np.ndarray] = {
-            "keys": self._dram.row_keys[live],
-            "records": self._dram.read(live).pack().view(np.uint8),
             "counters": np.array(
-                [self._version, self._pushes, self._dram.evictions, self._dram.expired_evictions]
+                [
+                    self._version,
+                    self._pushes,
+                    self._dram.evictions,
+                    self._dram.expired_evictions,
+                    0 if backing is None else len(backing),
+                ]
                 + [self._counters[c] for c in self._COUNTERS],
                 dtype=np.int64,
             ),
         }
         for name, arr in self._admission.to_arrays().items():
             state[f"admission.{name}"] = arr
+        for name, arr in self._chain.below_steps.to_arrays().items():
+            state[f"below_steps.{name}"] = arr
         return state
 
     def _load_state(self, state: dict[str, np.ndarray]) -> None:
-        records = RecordBatch.unpack(state["records"].tobytes(), self.dim, self._n_slots)
-        keys = state["keys"].astype(np.int64)
-        if keys.shape[0] != len(records):
-            raise ValueError(f"{keys.shape[0]} keys for {len(records)} records")
-        self._dram.insert(keys, records)
+        """Restore what ``_flush`` returned (the backing tier already holds the rows)."""
         c = state["counters"].tolist()
         self._version, self._pushes, self._dram.evictions, self._dram.expired_evictions = c[:4]
-        self._counters.update(zip(self._COUNTERS, c[4:], strict=True))
-        prefix = "admission."
-        self._admission.load_arrays(
-            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-        )
+        self._counters.update(zip(self._COUNTERS, c[5:], strict=True))
+        self._admission.load_arrays(_prefixed(state, "admission."))
+        self._chain.below_steps.load_arrays(_prefixed(state, "below_steps."))
+        if not self._chain.spill and self._chain.backing is not None:
+            # Every row lives in DRAM: load them all, clean (equal to their copy on disk).
+            for keys, records in self._chain.backing.scan(65536):
+                self._dram.insert(keys, records, dirty=False, below_step=records.last_step)
 
     def __repr__(self) -> str:
         return f"Table({self.name!r}, dim={self.dim}, key_type={self.config.key_type!r})"
+
+
+def _prefixed(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}

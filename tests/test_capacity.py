@@ -9,7 +9,7 @@ import evdb
 
 
 def test_table_stays_within_capacity_after_every_call(db) -> None:
-    t = db.create_table("t", dim=2, dram_rows=50)
+    t = db.create_table("t", dim=2, disk=False, dram_rows=50)
     rng = np.random.default_rng(0)
     for _ in range(30):
         p = t.pull(rng.integers(0, 500, 40))
@@ -23,7 +23,7 @@ def test_table_stays_within_capacity_after_every_call(db) -> None:
 
 
 def test_frequent_keys_survive_eviction(db) -> None:
-    t = db.create_table("t", dim=2, dram_rows=100)
+    t = db.create_table("t", dim=2, disk=False, dram_rows=100)
     hot = np.arange(20)
     for _ in range(10):
         t.pull(hot)
@@ -33,7 +33,7 @@ def test_frequent_keys_survive_eviction(db) -> None:
 
 
 def test_rows_of_the_batch_in_flight_are_never_victims(db) -> None:
-    t = db.create_table("t", dim=2, dram_rows=100)
+    t = db.create_table("t", dim=2, disk=False, dram_rows=100)
     t.upsert(np.arange(1000, 1100), np.ones((100, 2)))
     for _ in range(5):
         t.pull(np.arange(1000, 1100))  # make the resident rows hot
@@ -49,14 +49,16 @@ def test_rows_of_the_batch_in_flight_are_never_victims(db) -> None:
 
 
 def test_next_pull_releases_the_previous_batch(db) -> None:
-    t = db.create_table("t", dim=2, dram_rows=10)
+    t = db.create_table("t", dim=2, disk=False, dram_rows=10)
     t.pull(np.arange(10))
     t.pull(np.arange(100, 110))  # needs every slot: the first batch must go
     assert t.contains(np.arange(100, 110)).all() and len(t) == 10
 
 
 def test_a_batch_larger_than_capacity_raises_and_changes_nothing(db) -> None:
-    t = db.create_table("t", dim=2, dram_rows=10, admission=evdb.admission.Counter(min_count=2))
+    t = db.create_table(
+        "t", dim=2, disk=False, dram_rows=10, admission=evdb.admission.Counter(min_count=2)
+    )
     t.pull(np.arange(5))
     before = (len(t), t.stats())
     with pytest.raises(evdb.CapacityError, match=r"11 distinct keys, more than dram_rows=10"):
@@ -68,7 +70,7 @@ def test_a_batch_larger_than_capacity_raises_and_changes_nothing(db) -> None:
 
 
 def test_upsert_cannot_evict_the_batch_in_flight(db) -> None:
-    t = db.create_table("t", dim=2, dram_rows=10)
+    t = db.create_table("t", dim=2, disk=False, dram_rows=10)
     t.pull(np.arange(8))
     with pytest.raises(evdb.CapacityError, match="plus 8 rows of the batch in flight need 13"):
         t.upsert(np.arange(100, 105), np.ones((5, 2)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -90,20 +92,48 @@ def test_flush_writes_without_closing(tmp_path: Path) -> None:
     db = evdb.open(tmp_path)
     db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
     db.flush()
-    assert (tmp_path / "tables" / "t.npz").exists()
+    pointer = json.loads((tmp_path / "evdb.json").read_text())
+    assert (tmp_path / "checkpoints" / pointer["checkpoint"] / "CURRENT").exists()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [pointer["checkpoint"]]
     db.table("t").upsert([2], [[3.0, 4.0]])
     db.close()
     with evdb.open(tmp_path) as db:
         np.testing.assert_array_equal(db.table("t").lookup([1, 2]), [[1.0, 2.0], [3.0, 4.0]])
 
 
-def test_a_damaged_table_file_fails_with_the_table_named(tmp_path: Path) -> None:
+def test_a_missing_checkpoint_fails_with_the_path_named(tmp_path: Path) -> None:
     with evdb.open(tmp_path) as db:
         db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
-    path = tmp_path / "tables" / "t.npz"
-    path.write_bytes(path.read_bytes()[:100])  # truncated
-    with pytest.raises(evdb.CorruptDataError, match=r"t\.npz: cannot read table 't'"):
+    pointer = json.loads((tmp_path / "evdb.json").read_text())
+    shutil.rmtree(tmp_path / "checkpoints" / pointer["checkpoint"])
+    with pytest.raises(evdb.CorruptDataError, match=f"checkpoint .*{pointer['checkpoint']}"):
         evdb.open(tmp_path)
+
+
+def test_a_checkpoint_left_by_an_unfinished_flush_is_ignored(tmp_path: Path) -> None:
+    with evdb.open(tmp_path) as db:
+        db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
+    stray = tmp_path / "checkpoints" / "9999999999"
+    stray.mkdir()
+    (stray / "CURRENT").write_text("half written")
+    with evdb.open(tmp_path) as db:
+        assert db.table("t").lookup([1]).tolist() == [[1.0, 2.0]]
+    assert not stray.exists()
+
+
+def test_a_dropped_table_stays_dropped_and_its_name_is_reusable(tmp_path: Path) -> None:
+    with evdb.open(tmp_path) as db:
+        db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
+        db.flush()
+        db.drop_table("t")
+        t = db.create_table("t", dim=3)
+        assert len(t) == 0 and t.lookup([1]).shape == (1, 3)
+        t.upsert([5], [[1.0, 1.0, 1.0]])
+    with evdb.open(tmp_path) as db:
+        assert db.table("t").dim == 3 and len(db.table("t")) == 1
+        db.drop_table("t")
+    with evdb.open(tmp_path) as db:
+        assert db.tables() == []
 
 
 def test_dram_rows_and_dram_config_are_exclusive(db) -> None:

@@ -2,13 +2,17 @@
 sequences on a Table, checked after every step against a plain-dict model of the contract.
 
 The model knows nothing of tiers, kernels or layouts: a dict of rows, a dict of pending
-admission counts, the step, and the batch in flight. With a bounded DRAM tier the model cannot
-predict *which* rows the score policy evicts, so it accepts evictions of rows outside the batch
-in flight and checks the eviction counter instead.
+admission counts, the step, and the batch in flight. With a bounded DRAM tier and no disk the
+model cannot predict *which* rows the score policy evicts, so it accepts evictions of rows
+outside the batch in flight and checks the eviction counter instead. With a disk tier under a
+two-row DRAM tier (almost every step spills and promotes) nothing may vanish, and the model
+is exact; a simulated crash (the process stops without a flush) must bring back exactly the
+state of the last flush.
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,18 +37,24 @@ def init_row(key: int) -> np.ndarray:
 
 class TableMachine(RuleBasedStateMachine):
     capacity: int | None = None
+    disk = True
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="evdb-state-"))
         self.db = evdb.open(self.dir)
         self.t = self._create()
+        self.db.flush()  # the table exists from here on, even after a crash
         self.step = 0
         self.rows: dict[int, dict] = {}  # key -> {"value", "last_step", "freq"}
         self.pending: dict[int, tuple[int, int]] = {}  # key -> (count, last_seen)
         self.in_flight: set[int] = set()
         self.pulled: evdb.Pulled | None = None
         self.evicted = 0
+        self.flushed = self._model()  # the state a crash goes back to
+
+    def _model(self) -> tuple:
+        return copy.deepcopy((self.rows, self.pending, self.step, self.evicted))
 
     def _create(self) -> evdb.Table:
         return self.db.create_table(
@@ -56,6 +66,7 @@ class TableMachine(RuleBasedStateMachine):
             admission=evdb.admission.Counter(min_count=MIN_COUNT),
             optimizer=evdb.optim.SGD(lr=LR),
             dram_rows=self.capacity,
+            disk=self.disk,
         )
 
     def teardown(self) -> None:
@@ -70,7 +81,10 @@ class TableMachine(RuleBasedStateMachine):
         return self.rows[key]["value"] if self.live(key) else init_row(key)
 
     def sync_evictions(self, written: set[int]) -> None:
-        """Accept the policy's evictions: never of the batch in flight or of rows just written."""
+        """Accept the policy's evictions: never of the batch in flight or of rows just written
+        (and, with a disk tier, never at all: the invariants then find any lost row)."""
+        if self.disk:
+            return
         keys = sorted(self.rows)
         present = self.t._dram.locate(np.array(keys, np.int64)) >= 0  # stored, live or not
         for key, there in zip(keys, present, strict=True):
@@ -87,7 +101,7 @@ class TableMachine(RuleBasedStateMachine):
     @rule(keys=keys_st)
     def pull(self, keys: list[int]) -> None:
         uniq = list(dict.fromkeys(keys))
-        if self.capacity is not None and len(uniq) > self.capacity:
+        if self.capacity is not None and not self.disk and len(uniq) > self.capacity:
             with pytest.raises(evdb.CapacityError):
                 self.t.pull(np.array(keys, np.int64))
             return
@@ -105,7 +119,7 @@ class TableMachine(RuleBasedStateMachine):
                 total = self.pending.get(key, (0, 0))[0] + count
                 if total >= MIN_COUNT:
                     self.pending.pop(key, None)
-                    self.rows[key] = {"value": init_row(key), "last_step": self.step, "freq": count}
+                    self.rows[key] = {"value": init_row(key), "last_step": self.step, "freq": total}
                 else:
                     self.pending[key] = (total, self.step)
             assert p.admitted[i] == (key in self.rows), key
@@ -144,7 +158,7 @@ class TableMachine(RuleBasedStateMachine):
             dtype=np.float32,
         ).reshape(len(keys), DIM)
         uniq = set(keys)
-        if self.capacity is not None:
+        if self.capacity is not None and not self.disk:
             pinned = {k for k in self.in_flight if self.live(k)}
             if len(pinned | uniq) > self.capacity:
                 with pytest.raises(evdb.CapacityError):
@@ -199,6 +213,25 @@ class TableMachine(RuleBasedStateMachine):
         self.t = self.db.table("t")
         assert self.db.step == self.step
         self.in_flight = set()  # the batch in flight ends with the process
+        self.pulled = None
+        self.flushed = self._model()
+
+    @rule()
+    def flush(self) -> None:
+        self.db.flush()
+        self.flushed = self._model()
+
+    @rule()
+    def crash(self) -> None:
+        """The process stops with no flush: reopening gives the last flush, exactly."""
+        self.db._store.close()
+        self.db._release()
+        self.db = evdb.open(self.dir)
+        self.t = self.db.table("t")
+        self.rows, self.pending, self.step, self.evicted = copy.deepcopy(self.flushed)
+        assert self.db.step == self.step
+        self.in_flight = set()
+        self.pulled = None
 
     # -- invariants -----------------------------------------------------------------------
     @invariant()
@@ -214,7 +247,14 @@ class TableMachine(RuleBasedStateMachine):
             for k, v in zip(keys.tolist(), vals, strict=True)
         }
         assert sorted(items) == sorted(k for k in self.rows if self.live(k))
-        if self.capacity is not None:
+        found, records = self.t._read_records(pool)
+        assert found.tolist() == [self.live(k) for k in POOL]
+        live = [k for k in POOL if self.live(k)]
+        assert records.last_step.tolist() == [self.rows[k]["last_step"] for k in live]
+        assert records.freq.tolist() == [self.rows[k]["freq"] for k in live]
+        if self.capacity is not None and self.disk:  # over capacity only by the batch
+            assert len(self.t._dram) <= max(self.capacity, len(self.in_flight))
+        elif self.capacity is not None:
             assert len(self.t._dram) <= self.capacity
             assert self.t.stats()["tiers"]["dram"]["evictions"] >= self.evicted
 
@@ -225,7 +265,13 @@ class UnboundedTable(TableMachine):
 
 class BoundedTable(TableMachine):
     capacity = 6
+    disk = False
+
+
+class TieredTable(TableMachine):
+    capacity = 2
 
 
 TestUnboundedTable = UnboundedTable.TestCase
 TestBoundedTable = BoundedTable.TestCase
+TestTieredTable = TieredTable.TestCase

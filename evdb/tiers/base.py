@@ -44,12 +44,15 @@ class Tier(ABC):
         """found (n,) and the records of the found keys, in key order (compressed)."""
 
     @abstractmethod
-    def put(self, keys: Int64Array, records: RecordBatch) -> None:
-        """Insert or overwrite the records of distinct keys."""
+    def put(self, keys: Int64Array, records: RecordBatch, existed: BoolArray | None = None) -> None:
+        """Insert or overwrite the records of distinct keys. ``existed``: which keys the
+        tier holds already, when the caller knows (a tier that would have to read to find
+        out, to keep ``len`` exact, may trust it)."""
 
     @abstractmethod
-    def remove(self, keys: Int64Array) -> BoolArray:
-        """Remove keys; returns which were present."""
+    def remove(self, keys: Int64Array, present: BoolArray | None = None) -> BoolArray:
+        """Remove distinct keys; returns which were present (``present``, when the caller
+        knows it, is trusted the same way)."""
 
     @abstractmethod
     def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:

@@ -8,6 +8,9 @@ Layout::
     slots      (cap, k)      float32               optimizer state
     freq, last_step, version (cap,) u4, i8, u8     record metadata
     is_live, is_pinned       (cap,) bool           occupancy (never a sentinel key)
+    is_dirty, below          (cap,) bool           the chain's bits: changed since written
+    below_step               (cap,) int64          down; the tier below holds a copy (and
+                                                   that copy's last_step)
 
 Rows are numbered by a free-list allocator, so a deleted row's storage is reused at once. The
 slabs grow by 1.5x with ``np.empty``: the kernel maps pages on first write, so capacity that was
@@ -29,7 +32,19 @@ from evdb.records import RecordBatch
 from evdb.tiers import scoring
 from evdb.tiers.base import Tier
 
-_COLUMNS = ("row_keys", "values", "slots", "freq", "last_step", "version", "is_live", "is_pinned")
+_COLUMNS = (
+    "row_keys",
+    "values",
+    "slots",
+    "freq",
+    "last_step",
+    "version",
+    "is_live",
+    "is_pinned",
+    "is_dirty",
+    "below",
+    "below_step",
+)
 
 
 class DramTier(Tier):
@@ -51,6 +66,9 @@ class DramTier(Tier):
         self.version = np.empty(0, dtype=np.uint64)
         self.is_live: BoolArray = np.zeros(0, dtype=bool)
         self.is_pinned: BoolArray = np.zeros(0, dtype=bool)
+        self.is_dirty: BoolArray = np.zeros(0, dtype=bool)
+        self.below: BoolArray = np.zeros(0, dtype=bool)
+        self.below_step: Int64Array = np.empty(0, dtype=np.int64)
         self._pinned_rows: Int64Array = np.empty(0, dtype=np.int64)
         self.evictions = 0
         # Calls that freed rows: a row number handed out earlier still names the same key as
@@ -107,13 +125,28 @@ class DramTier(Tier):
             )
         )
 
-    def insert(self, keys: Int64Array, records: RecordBatch) -> Int64Array:
-        """Store records of distinct keys that are absent; returns their rows."""
+    def insert(
+        self,
+        keys: Int64Array,
+        records: RecordBatch,
+        *,
+        dirty: bool = True,
+        below_step: Int64Array | None = None,
+    ) -> Int64Array:
+        """Store records of distinct keys that are absent; returns their rows.
+
+        ``below_step``: the ``last_step`` of the copy the tier below holds, when it holds one
+        (the row then came up from it); ``dirty``: whether this copy differs from it.
+        """
         rows = self.alloc.allocate(keys.shape[0])
         self._fit(self.alloc.high_water)
         self.index.insert(keys, rows)
         self.row_keys[rows] = keys
         self.is_live[rows] = True
+        self.is_dirty[rows] = dirty
+        self.below[rows] = below_step is not None
+        if below_step is not None:
+            self.below_step[rows] = below_step
         self.write(rows, records)
         return rows
 
@@ -142,6 +175,8 @@ class DramTier(Tier):
         if rows.shape[0]:
             self.is_live[rows] = False
             self.is_pinned[rows] = False
+            self.is_dirty[rows] = False
+            self.below[rows] = False
             self.alloc.release(rows)
             self.frees += 1
 
@@ -154,16 +189,16 @@ class DramTier(Tier):
         found = rows >= 0
         return found, self.read(rows[found])
 
-    def put(self, keys: Int64Array, records: RecordBatch) -> None:
+    def put(self, keys: Int64Array, records: RecordBatch, existed: BoolArray | None = None) -> None:
         rows = self.locate(keys)
         found = rows >= 0
         if found.all():
             self.write(rows, records)
             return
-        self.write(rows[found], _take(records, found))
-        self.insert(keys[~found], _take(records, ~found))
+        self.write(rows[found], records.take(found))
+        self.insert(keys[~found], records.take(~found))
 
-    def remove(self, keys: Int64Array) -> BoolArray:
+    def remove(self, keys: Int64Array, present: BoolArray | None = None) -> BoolArray:
         rows = self.index.remove(keys)
         found = rows >= 0
         self._free(rows[found])
@@ -194,11 +229,26 @@ class DramTier(Tier):
     def evict_to_capacity(
         self, step: int, min_live_step: int, protect: Int64Array | None = None
     ) -> None:
-        """When over capacity, drop the lowest-score rows down to the low watermark; pinned
-        rows and ``protect`` rows are never victims unless they have expired."""
+        """When over capacity, drop the lowest-score rows down to the low watermark (a tier
+        with nothing below it; the chain writes victims down instead)."""
+        victims, expired = self.choose_victims(step, min_live_step, protect)
+        self.remove_rows(victims)
+        self.count_evictions(expired)
+
+    def count_evictions(self, expired: BoolArray) -> None:
+        n_expired = int(np.count_nonzero(expired))
+        self.expired_evictions += n_expired
+        self.evictions += expired.shape[0] - n_expired
+
+    def choose_victims(
+        self, step: int, min_live_step: int, protect: Int64Array | None = None
+    ) -> tuple[Int64Array, BoolArray]:
+        """When over capacity, the lowest-score rows that bring it down to the low watermark,
+        and which of them have expired; pinned rows and ``protect`` rows are never victims
+        unless they have expired. Nothing is removed."""
         cap = self.capacity_rows
         if cap is None or len(self) <= cap:
-            return
+            return np.empty(0, dtype=np.int64), np.zeros(0, dtype=bool)
         target = int(cap * (1.0 - self.config.evict_fraction))
         candidates = self.live_rows()
         expired = scoring.is_expired(self.last_step[candidates], min_live_step)
@@ -216,16 +266,13 @@ class DramTier(Tier):
         expired = scoring.is_expired(last, min_live_step)
         scores[expired] = -np.inf
         victims = np.argpartition(scores, n - 1)[:n] if n < candidates.shape[0] else slice(None)
-        chosen = candidates[victims]
-        n_expired = int(np.count_nonzero(expired[victims]))
-        self.remove_rows(chosen)
-        self.expired_evictions += n_expired
-        self.evictions += chosen.shape[0] - n_expired
+        return candidates[victims], expired[victims]
 
     def stats(self) -> dict[str, Any]:
         slab = sum(getattr(self, c)[: self.alloc.high_water].nbytes for c in _COLUMNS)
         return {
             "rows": len(self),
+            "dirty_rows": int(np.count_nonzero(self.is_dirty[: self.alloc.high_water])),
             "capacity": self.capacity_rows,
             "evictions": self.evictions,
             "expired_evictions": self.expired_evictions,
@@ -234,13 +281,3 @@ class DramTier(Tier):
             "index_bytes": self.index.nbytes,
             "bytes_per_row": (slab + self.index.nbytes) / max(len(self), 1),
         }
-
-
-def _take(records: RecordBatch, mask: BoolArray) -> RecordBatch:
-    return RecordBatch(
-        values=records.values[mask],
-        slots=records.slots[mask],
-        freq=records.freq[mask],
-        last_step=records.last_step[mask],
-        version=records.version[mask],
-    )

@@ -1,0 +1,371 @@
+"""The RocksDB tier: the backing store under DRAM, one column family per table.
+
+One RocksDB (through rocksdict) holds a whole database: the ``default`` column family keeps the
+database's metadata, and each table's rows live in their own column family, named ``t.<table>``.
+
+Keys are 8 bytes, big-endian, with the sign bit flipped, so that RocksDB's byte order is numeric
+order (scans come back sorted, ranges are key ranges). Values are the canonical record of
+``evdb.records`` (or the same layout with float16 values, when a table asks for it), converted
+a batch at a time with numpy views.
+
+Writes skip RocksDB's write-ahead log: durability comes from the checkpoint that
+``Database.flush`` takes (``RocksStore.checkpoint``), and after a crash the working copy is
+thrown away and recreated from the last checkpoint (``RocksStore.restore``). So nothing written
+between two flushes can leak into the state a crash reopens to.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import rocksdict
+
+from evdb._types import BoolArray, Int64Array
+from evdb.errors import CorruptDataError
+from evdb.records import RecordBatch
+from evdb.tiers.base import Tier
+
+__all__ = ["RocksStore", "RocksTier", "decode_keys", "encode_keys"]
+
+Compression = Literal["lz4", "zstd", "none"]
+DiskDtype = Literal["float32", "float16"]
+
+_SIGN = np.uint64(1 << 63)
+_WRITE_CHUNK = 65536  # rows per write batch: bounds the batch's memory
+_COMPRESSION = {
+    "lz4": rocksdict.DBCompressionType.lz4,
+    "zstd": rocksdict.DBCompressionType.zstd,
+    "none": rocksdict.DBCompressionType.none,
+}
+_F16_MAX = float(np.finfo(np.float16).max)
+
+# Memory RocksDB may use, whatever the table size: the shared block cache plus, per column
+# family, at most two memtables (the budget README's "Memory" section states).
+BLOCK_CACHE_BYTES = 32 << 20
+WRITE_BUFFER_BYTES = 16 << 20
+
+
+def encode_keys(keys: Int64Array) -> list[bytes]:
+    """8-byte keys whose byte order is the keys' numeric order."""
+    flipped = np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64) ^ _SIGN
+    return flipped.astype(">u8").view("V8").tolist()  # type: ignore[no-any-return]
+
+
+def decode_keys(blob: bytes) -> Int64Array:
+    """The inverse of ``encode_keys`` over the concatenated key bytes."""
+    return (np.frombuffer(blob, dtype=">u8").astype(np.uint64) ^ _SIGN).view(np.int64)
+
+
+def disk_dtype(dim: int, n_slots: int, dtype: DiskDtype) -> np.dtype:
+    """The record as stored: the canonical layout, with float16 values if asked."""
+    value = "<f2" if dtype == "float16" else "<f4"
+    return np.dtype(
+        [
+            ("value", value, (dim,)),
+            ("slots", "<f4", (n_slots,)),
+            ("freq", "<u4"),
+            ("last_step", "<i8"),
+            ("version", "<u8"),
+        ]
+    )
+
+
+def _options(compression: Compression = "lz4", cache: Any = None) -> rocksdict.Options:
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_compression_type(_COMPRESSION[compression]())
+    opts.set_write_buffer_size(WRITE_BUFFER_BYTES)
+    opts.set_max_write_buffer_number(2)
+    opts.set_max_background_jobs(2)
+    table = rocksdict.BlockBasedOptions()
+    table.set_bloom_filter(10, False)  # a miss (a key never spilled) costs no disk read
+    if cache is not None:
+        table.set_block_cache(cache)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+class RocksStore:
+    """The database's RocksDB: column families, metadata, checkpoints.
+
+    ``column_families`` maps each table's column family to its compression; the database keeps
+    that map outside RocksDB (in its pointer file), because RocksDB needs it to open.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        column_families: dict[str, Compression],
+        *,
+        read_only: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.read_only = read_only
+        self._cache = rocksdict.Cache(BLOCK_CACHE_BYTES)
+        self._compression = dict(column_families)
+        access = (
+            rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
+        )
+        try:
+            self.db = rocksdict.Rdict(
+                str(self.path),
+                _options("lz4", self._cache),
+                column_families={
+                    name: _options(c, self._cache) for name, c in self._compression.items()
+                },
+                access_type=access,
+            )
+        except Exception as e:  # rocksdict raises plain Exception for corruption
+            raise CorruptDataError(f"{self.path}: RocksDB cannot open ({e})") from e
+        self._write = rocksdict.WriteOptions()
+        # (a property at runtime, though rocksdict's stubs declare a method)
+        setattr(self._write, "disable_wal", True)  # noqa: B010
+        self._handles: dict[str, rocksdict.Rdict] = {}  # each pins the DB until closed
+
+    # -- column families ------------------------------------------------------------------
+    def column_family(self, name: str, compression: Compression) -> rocksdict.Rdict:
+        """The column family called name, created (empty) if missing."""
+        if name not in self._compression:
+            self.db.create_column_family(name, _options(compression, self._cache))
+            self._compression[name] = compression
+        if name not in self._handles:
+            self._handles[name] = self.db.get_column_family(name)
+        return self._handles[name]
+
+    def drop_column_family(self, name: str) -> None:
+        if name in self._compression:
+            handle = self._handles.pop(name, None)
+            if handle is not None:
+                handle.close()
+            self.db.drop_column_family(name)
+            del self._compression[name]
+
+    @property
+    def column_families(self) -> dict[str, Compression]:
+        return dict(self._compression)
+
+    def write_rows(self, name: str, keys: list[bytes], values: list[bytes] | None) -> None:
+        """Put (or, with values None, delete) rows of a column family, in write batches."""
+        handle = self.db.get_column_family_handle(name)
+        for start in range(0, len(keys), _WRITE_CHUNK):
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            batch.set_default_column_family(handle)
+            chunk = keys[start : start + _WRITE_CHUNK]
+            if values is None:  # deque(map(...)) runs the calls in C, not a Python loop
+                collections.deque(map(batch.delete, chunk), maxlen=0)
+            else:
+                collections.deque(
+                    map(batch.put, chunk, values[start : start + _WRITE_CHUNK]), maxlen=0
+                )
+            self.db.write(batch, self._write)
+
+    # -- metadata (default column family) -------------------------------------------------
+    def put_meta(self, items: dict[str, bytes]) -> None:
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key, value in items.items():
+            batch.put(key.encode(), value)
+        self.db.write(batch, self._write)
+
+    def get_meta(self, key: str) -> bytes | None:
+        value = self.db.get(key.encode())
+        return None if value is None else bytes(value)
+
+    def delete_meta(self, keys: list[str]) -> None:
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key in keys:
+            batch.delete(key.encode())
+        self.db.write(batch, self._write)
+
+    # -- durability -----------------------------------------------------------------------
+    def checkpoint(self, dest: Path) -> None:
+        """Flush the memtables and hard-link a consistent copy of every column family into
+        dest (which must not exist). RocksDB builds it under a temporary name and renames it."""
+        rocksdict.Checkpoint(self.db).create_checkpoint(str(dest))
+
+    @staticmethod
+    def restore(checkpoint: Path, dest: Path) -> None:
+        """Make dest a fresh working copy of checkpoint: table files (immutable) are
+        hard-linked, the small mutable ones (MANIFEST, CURRENT, OPTIONS, logs) copied."""
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp = dest.with_name(dest.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for entry in os.scandir(checkpoint):
+            target = tmp / entry.name
+            if entry.name.endswith((".sst", ".blob")):
+                try:
+                    os.link(entry.path, target)
+                    continue
+                except OSError:  # another file system: copy instead
+                    pass
+            shutil.copy2(entry.path, target)
+        os.replace(tmp, dest)
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
+        self.db.close()
+
+
+class RocksTier(Tier):
+    """One table's rows in its column family. Satisfies the ``Tier`` contract.
+
+    ``len`` is exact: the tier counts its rows, and callers that already know whether keys
+    are stored (the chain keeps a bit per cached row) say so, sparing a read per write.
+    """
+
+    name = "rocksdb"
+
+    def __init__(
+        self,
+        store: RocksStore,
+        column_family: str,
+        dim: int,
+        n_slots: int,
+        *,
+        compression: Compression = "lz4",
+        dtype: DiskDtype = "float32",
+        rows: int = 0,
+    ) -> None:
+        self.store = store
+        self.column_family = column_family
+        self.cf = store.column_family(column_family, compression)
+        self.dim = dim
+        self.n_slots = n_slots
+        self.dtype = dtype
+        self._record = disk_dtype(dim, n_slots, dtype)
+        self._rows = rows
+        self.counters = {"hits": 0, "misses": 0, "puts": 0, "removes": 0, "f16_overflow": 0}
+
+    # -- capabilities ---------------------------------------------------------------------
+    @property
+    def persistent(self) -> bool:
+        return True
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    @property
+    def capacity_rows(self) -> int | None:
+        return None
+
+    def __len__(self) -> int:
+        return self._rows
+
+    # -- conversion -----------------------------------------------------------------------
+    def _pack(self, records: RecordBatch) -> list[bytes]:
+        out = np.empty(len(records), dtype=self._record)
+        if self.dtype == "float16":
+            # A value beyond float16's range would be stored as inf: count it, never hide it.
+            big = np.abs(records.values) > _F16_MAX
+            self.counters["f16_overflow"] += int(np.count_nonzero(big.any(axis=1)))
+        out["value"] = records.values
+        out["slots"] = records.slots
+        out["freq"] = records.freq
+        out["last_step"] = records.last_step
+        out["version"] = records.version
+        return out.view(f"V{self._record.itemsize}").tolist()  # type: ignore[no-any-return]
+
+    def _unpack(self, blob: bytes) -> RecordBatch:
+        if len(blob) % self._record.itemsize:
+            raise CorruptDataError(
+                f"{self.store.path}: column family {self.column_family!r} holds records of "
+                f"the wrong size ({len(blob)} bytes is not a multiple of "
+                f"{self._record.itemsize})"
+            )
+        data = np.frombuffer(blob, dtype=self._record)
+        n = data.shape[0]
+        return RecordBatch(
+            values=np.ascontiguousarray(data["value"], dtype=np.float32).reshape(n, self.dim),
+            slots=np.ascontiguousarray(data["slots"], dtype=np.float32).reshape(n, self.n_slots),
+            freq=data["freq"].astype(np.uint32),
+            last_step=data["last_step"].astype(np.int64),
+            version=data["version"].astype(np.uint64),
+        )
+
+    # -- Tier contract --------------------------------------------------------------------
+    def get(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch]:
+        if keys.shape[0] == 0:
+            return np.zeros(0, dtype=bool), self._unpack(b"")
+        encoded: list[Any] = encode_keys(keys)
+        got = np.array(self.cf.get(encoded), dtype=object)  # one multi-get
+        found: BoolArray = got != None  # noqa: E711 (elementwise, not identity)
+        hits = int(np.count_nonzero(found))
+        self.counters["hits"] += hits
+        self.counters["misses"] += keys.shape[0] - hits
+        return found, self._unpack(b"".join(got[found]))
+
+    def exists(self, keys: Int64Array) -> BoolArray:
+        found, _ = self.get(keys)
+        return found
+
+    def put(self, keys: Int64Array, records: RecordBatch, existed: BoolArray | None = None) -> None:
+        """Insert or overwrite rows of distinct keys; ``existed`` (which keys are already
+        stored), when the caller knows it, saves a read."""
+        if keys.shape[0] == 0:
+            return
+        if existed is None:
+            existed = self.exists(keys)
+        self.store.write_rows(self.column_family, encode_keys(keys), self._pack(records))
+        self._rows += int(keys.shape[0] - np.count_nonzero(existed))
+        self.counters["puts"] += keys.shape[0]
+
+    def remove(self, keys: Int64Array, present: BoolArray | None = None) -> BoolArray:
+        """Delete distinct keys; returns which were present (``present``, if the caller
+        knows it, saves a read)."""
+        if present is None:
+            present = self.exists(keys)
+        gone = keys[present]
+        if gone.shape[0]:
+            self.store.write_rows(self.column_family, encode_keys(gone), None)
+            self._rows -= int(gone.shape[0])
+            self.counters["removes"] += int(gone.shape[0])
+        return present
+
+    def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
+        """Rows in key order, a chunk at a time. Each chunk is read by a fresh iterator that
+        starts after the last key yielded (an open iterator would pin the database, and a
+        caller may remove the rows of a chunk before asking for the next)."""
+        start: bytes | None = None
+        while True:
+            items = self.cf.items(from_key=start)
+            chunk = list(itertools.islice(items, chunk_rows + (start is not None)))
+            del items
+            if start is not None and chunk and chunk[0][0] == start:
+                chunk = chunk[1:]
+            else:
+                chunk = chunk[:chunk_rows]
+            if not chunk:
+                return
+            keys, values = zip(*chunk, strict=True)
+            start = keys[-1]
+            yield decode_keys(b"".join(keys)), self._unpack(b"".join(values))
+
+    def clear(self) -> None:
+        """Remove every row (a range delete: no read, no per-row write)."""
+        self.cf.delete_range(b"\x00" * 8, b"\xff" * 9)
+        self._rows = 0
+
+    def stats(self) -> dict[str, Any]:
+        sst = self.cf.property_int_value("rocksdb.total-sst-files-size") or 0
+        mem = self.cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        return {
+            "rows": self._rows,
+            "capacity": None,
+            "evictions": 0,
+            "bytes": int(sst + mem),
+            "dtype": self.dtype,
+            **self.counters,
+        }
