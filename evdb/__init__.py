@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from evdb import admission, optim
 from evdb import initializers as init
-from evdb.config import DramConfig, TableConfig
+from evdb.config import DiskConfig, DramConfig, TableConfig
 from evdb.database import Database, open
 from evdb.errors import (
     CapacityError,
@@ -33,6 +33,7 @@ __all__ = [
     "Database",
     "DatabaseClosedError",
     "DatabaseLockedError",
+    "DiskConfig",
     "DramConfig",
     "EvdbError",
     "InvalidArgumentError",

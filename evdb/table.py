@@ -206,9 +206,9 @@ class Table:
             live = records.last_step >= self._min_live()
             at = np.flatnonzero(found)[live]
             values[at] = records.values[live]
-            if promote and at.size:
-                self._chain.promote(uniq[at], records.take(live), dirty=False)
-                self._chain.evict(self._db.step, self._min_live())
+            if promote and at.size:  # not victims of their own promotion
+                rows = self._chain.promote(uniq[at], records.take(live), dirty=False)
+                self._chain.evict(self._db.step, self._min_live(), protect=rows)
         return values[inverse.ravel()]
 
     def _read_records(self, keys: Any) -> tuple[BoolArray, RecordBatch]:

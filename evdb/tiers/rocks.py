@@ -271,7 +271,8 @@ class RocksTier(Tier):
             # A value beyond float16's range would be stored as inf: count it, never hide it.
             big = np.abs(records.values) > _F16_MAX
             self.counters["f16_overflow"] += int(np.count_nonzero(big.any(axis=1)))
-        out["value"] = records.values
+        with np.errstate(over="ignore"):  # counted above
+            out["value"] = records.values
         out["slots"] = records.slots
         out["freq"] = records.freq
         out["last_step"] = records.last_step

@@ -1,0 +1,210 @@
+"""A table bigger than its DRAM tier: rows spill to RocksDB and come back, and no caller can
+tell where a row is, except by speed (and by ``stats()``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import evdb
+from evdb import DiskConfig
+
+
+def spilled_table(db: evdb.Database, n: int = 500, cap: int = 20, **kw) -> evdb.Table:
+    t = db.create_table("t", dim=4, dram_rows=cap, optimizer=evdb.optim.Adagrad(lr=0.1), **kw)
+    t.upsert(np.arange(n), np.arange(4 * n, dtype=np.float32).reshape(n, 4))
+    return t
+
+
+def snapshot(t: evdb.Table, chunk_rows: int = 65536) -> dict[int, np.ndarray]:
+    return {k: v for ks, vs in t.items(chunk_rows) for k, v in zip(ks.tolist(), vs, strict=True)}
+
+
+def values(keys) -> np.ndarray:
+    return (np.asarray(keys)[:, None] * 4 + np.arange(4)).astype(np.float32)
+
+
+def test_rows_beyond_dram_live_on_disk_and_read_back_unchanged(db) -> None:
+    t = spilled_table(db)
+    tiers = t.stats()["tiers"]
+    assert tiers["dram"]["rows"] <= 20 and tiers["rocksdb"]["rows"] >= 480
+    assert len(t) == 500
+    keys = np.array([499, 3, 250, 3, 7000])
+    got = t.lookup(keys)
+    np.testing.assert_array_equal(got[:4], values(keys[:4]))
+    np.testing.assert_array_equal(got[4], t.config.initializer.values(keys[4:], 4)[0])
+    assert t.contains(keys).tolist() == [True, True, True, True, False]
+    items = snapshot(t, chunk_rows=64)
+    assert sorted(items) == list(range(500))
+    np.testing.assert_array_equal(np.stack([items[k] for k in range(500)]), values(range(500)))
+
+
+def test_lookup_does_not_promote_unless_asked(db) -> None:
+    t = spilled_table(db)
+    cold = np.array([100, 101, 102])
+    assert (t._dram.locate(cold) < 0).all()
+    t.lookup(cold)
+    assert (t._dram.locate(cold) < 0).all()
+    np.testing.assert_array_equal(t.lookup(cold, promote=True), values(cold))
+    rows = t._dram.locate(cold)
+    assert (rows >= 0).all() and not t._dram.is_dirty[rows].any()  # cached clean
+    assert t.stats()["tiers"]["dram"]["promotions"] == 3
+
+
+def test_bag_lookup_combines_rows_from_both_tiers(db) -> None:
+    t = spilled_table(db)
+    keys = np.array([1, 400, 2, 401, 9999])
+    got = t.lookup(keys, offsets=[0, 2, 4], combiner="sum")
+    rows = t.lookup(keys)
+    np.testing.assert_allclose(got, [rows[0] + rows[1], rows[2] + rows[3], rows[4]], rtol=1e-6)
+
+
+def test_training_promotes_updates_and_writes_back_without_losing_an_update(db) -> None:
+    t = spilled_table(db, n=300, cap=10)
+    rng = np.random.default_rng(1)
+    want = values(range(300)).astype(np.float64)
+    accum = np.full((300, 4), 0.1)  # Adagrad's initial accumulator
+    for _ in range(30):
+        keys = rng.integers(0, 300, 40)
+        p = t.pull(keys)
+        g = rng.standard_normal((p.keys.shape[0], 4)).astype(np.float32)
+        t.push(p, g)
+        accum[p.keys] += g.astype(np.float64) ** 2
+        want[p.keys] -= 0.1 * g / np.sqrt(accum[p.keys])
+        assert len(t._dram) <= 10  # back to capacity after each push
+    np.testing.assert_allclose(t.lookup(np.arange(300)), want, rtol=1e-5, atol=1e-5)
+    s = t.stats()["tiers"]
+    assert s["dram"]["promotions"] > 0 and s["dram"]["written_back"] > 0
+    assert len(t) == 300
+
+
+def test_a_batch_larger_than_dram_stays_resident_until_its_push(db) -> None:
+    t = db.create_table("t", dim=2, dram_rows=8)
+    p = t.pull(np.arange(50))
+    assert p.admitted.all() and len(t._dram) == 50  # pinned: over capacity for now
+    t.push(p, np.ones((50, 2)))
+    assert len(t._dram) <= 8 and len(t) == 50
+    np.testing.assert_allclose(
+        t.lookup(np.arange(50)), t.config.initializer.values(np.arange(50), 2) - 0.01, rtol=1e-6
+    )
+
+
+def test_delete_and_len_are_exact_across_tiers(db) -> None:
+    t = spilled_table(db, n=100, cap=5)
+    assert t.delete([0, 50, 99, 5000]) == 3
+    assert len(t) == 97 and not t.contains([0, 50, 99]).any()
+    t.upsert([50], [[1.0, 1.0, 1.0, 1.0]])
+    assert len(t) == 98
+
+
+def test_compact_applies_ttl_and_l2_to_rows_only_on_disk(db) -> None:
+    t = db.create_table("t", dim=2, dram_rows=4, ttl_steps=5, l2_threshold=0.5)
+    t.upsert(np.arange(40), np.ones((40, 2)))  # old rows, mostly on disk now
+    t.upsert([100, 101], [[0.1, 0.1], [1.0, 1.0]])
+    db.advance(3)
+    t.upsert(np.arange(40, 50), np.ones((10, 2)))
+    t.upsert([102], [[0.01, 0.0]])  # weak, recent
+    db.advance(3)  # rows of step 0 have expired; rows of step 3 have not
+    assert len(t) == 11
+    got = t.compact()
+    assert got == {"expired": 42, "l2": 1, "admission_forgotten": 0}
+    assert len(t) == 10 and t.stats()["tiers"]["rocksdb"]["rows"] + len(t._dram) >= 10
+    assert sorted(k for ks, _ in t.items() for k in ks.tolist()) == list(range(40, 50))
+
+
+def test_expired_rows_on_disk_read_as_missing_and_start_afresh(db) -> None:
+    t = db.create_table("t", dim=2, dram_rows=2, ttl_steps=2)
+    t.upsert(np.arange(10), np.ones((10, 2)))
+    db.advance(3)
+    assert len(t) == 0 and not t.contains(np.arange(10)).any()
+    p = t.pull([7])
+    np.testing.assert_array_equal(p.rows, t.config.initializer.values(np.array([7]), 2))
+    assert t.stats()["expired_on_pull"] == 1 and len(t) == 1
+
+
+def test_stats_report_every_tier(db) -> None:
+    t = spilled_table(db)
+    t.pull(np.arange(100, 110))
+    tiers = t.stats()["tiers"]
+    assert set(tiers) == {"dram", "rocksdb"}
+    for s in tiers.values():
+        assert {
+            "rows",
+            "dirty_rows",
+            "bytes",
+            "hits",
+            "misses",
+            "promotions",
+            "evictions",
+        } <= s.keys()
+        assert "written_back" in s
+    assert tiers["dram"]["dirty_rows"] > 0 and tiers["rocksdb"]["hits"] >= 10
+
+
+def test_flush_leaves_no_dirty_row_and_reopen_sees_everything(tmp_path: Path) -> None:
+    with evdb.open(tmp_path) as db:
+        t = spilled_table(db, n=200, cap=10)
+        p = t.pull([1, 2, 150])
+        t.push(p, np.ones((3, 4)))
+        db.flush()
+        assert t.stats()["tiers"]["dram"]["dirty_rows"] == 0
+        before = {k: v.tobytes() for k, v in snapshot(t).items()}
+        found, recs = t._read_records(np.arange(200))
+    with evdb.open(tmp_path) as db:
+        t = db.table("t")
+        assert len(t) == 200
+        after = {k: v.tobytes() for k, v in snapshot(t).items()}
+        assert after == before
+        found2, recs2 = t._read_records(np.arange(200))
+        assert found.all() and found2.all()
+        for field in ("values", "slots", "freq", "last_step", "version"):
+            np.testing.assert_array_equal(getattr(recs2, field), getattr(recs, field))
+
+
+def test_float16_disk_halves_value_bytes_and_rounds_spilled_rows(db) -> None:
+    t = db.create_table("t", dim=8, dram_rows=2, disk=DiskConfig(dtype="float16"))
+    v = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    t.upsert(np.arange(50), v)
+    got = t.lookup(np.arange(50))
+    on_disk = t._dram.locate(np.arange(50)) < 0
+    np.testing.assert_array_equal(got[on_disk], v[on_disk].astype(np.float16))
+    np.testing.assert_array_equal(got[~on_disk], v[~on_disk])  # cached rows are exact
+    assert t.stats()["tiers"]["rocksdb"]["dtype"] == "float16"
+
+
+def test_disk_config_is_validated_and_persisted(tmp_path: Path) -> None:
+    with evdb.open(tmp_path) as db:
+        with pytest.raises(evdb.ConfigError, match=r"disk\.compression must be"):
+            db.create_table("t", dim=2, disk=DiskConfig(compression="brotli"))
+        with pytest.raises(evdb.ConfigError, match="disk must be True, False or a DiskConfig"):
+            db.create_table("t", dim=2, disk="yes")
+        db.create_table("t", dim=2, disk=DiskConfig(dtype="float16", compression="none"))
+        db.create_table("u", dim=2, disk=False)
+    with evdb.open(tmp_path) as db:
+        assert db.table("t").config.disk == DiskConfig(dtype="float16", compression="none")
+        assert db.table("u").config.disk is None
+
+
+def test_a_zipf_workload_mostly_hits_dram(db) -> None:
+    """DRAM for 5% of 100,000 keys; Zipf(1.1) batches. Loose bound: the hot set fits."""
+    n_keys = 100_000
+    t = db.create_table("t", dim=4, dram_rows=n_keys // 20)
+    rng = np.random.default_rng(0)
+    scramble = rng.permutation(n_keys)
+
+    def batch() -> np.ndarray:
+        z = rng.zipf(1.1, 8192)
+        return scramble[(z[z <= n_keys] - 1)]
+
+    for _ in range(30):  # warm-up
+        t.push(p := t.pull(batch()), np.zeros((p.keys.shape[0], 4)))
+        db.advance()
+    before = dict(t.stats()["tiers"]["dram"])
+    for _ in range(20):
+        t.push(p := t.pull(batch()), np.zeros((p.keys.shape[0], 4)))
+        db.advance()
+    after = t.stats()["tiers"]["dram"]
+    hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+    assert hits / (hits + misses) > 0.5
