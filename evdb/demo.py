@@ -5,8 +5,9 @@ through a table with counter admission and a TTL, whose DRAM tier holds only 4,0
 rest spill to RocksDB and come back when pulled), in bags of 4 keys per example: each step
 pulls the batch, combines each bag (mean), takes the gradient of a toy loss that pulls every
 bag toward a target vector, turns it into per-key gradients and pushes them through the fused
-Adagrad update. It prints what admission, TTL, compaction and the tiers did, plus a few lookups. Needs no
-file outside the repository; the database goes to PATH (default: a fresh temporary directory).
+Adagrad update. It prints what admission, TTL, compaction and the tiers did, plus a few
+lookups. Needs no file outside the repository; the database goes to PATH (default: a fresh
+temporary directory).
 """
 
 from __future__ import annotations
