@@ -653,6 +653,7 @@ class Table:
         """Write every dirty row down; returns the table's state that is not rows (counters,
         admission, the step counts of the rows below), for the database's metadata."""
         self._chain.flush()
+        self._chain.below_steps.live(self._min_live())  # merges the expired steps' counts
         backing = self._chain.backing
         state: dict[str, np.ndarray] = {
             "counters": np.array(

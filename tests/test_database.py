@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import shutil
 from pathlib import Path
 
@@ -76,6 +78,31 @@ def test_a_second_open_of_the_same_directory_fails_clearly(tmp_path: Path) -> No
             evdb.open(tmp_path)
     with evdb.open(tmp_path):  # released on close
         pass
+
+
+def test_a_directory_held_by_another_process_fails_clearly(tmp_path: Path) -> None:
+    with evdb.open(tmp_path):
+        pass
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        with pytest.raises(evdb.DatabaseLockedError, match="open in another process"):
+            evdb.open(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    with evdb.open(tmp_path):  # the dead holder's lock went with it
+        pass
+
+
+HOLD = """
+import sys, time, evdb
+db = evdb.open(sys.argv[1])
+print("open", flush=True)
+time.sleep(60)
+"""
 
 
 def test_a_damaged_manifest_fails_with_the_file_named(tmp_path: Path) -> None:

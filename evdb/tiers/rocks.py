@@ -354,11 +354,6 @@ class RocksTier(Tier):
             start = keys[-1]
             yield decode_keys(b"".join(keys)), self._unpack(b"".join(values))
 
-    def clear(self) -> None:
-        """Remove every row (a range delete: no read, no per-row write)."""
-        self.cf.delete_range(b"\x00" * 8, b"\xff" * 9)
-        self._rows = 0
-
     def stats(self) -> dict[str, Any]:
         sst = self.cf.property_int_value("rocksdb.total-sst-files-size") or 0
         mem = self.cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
