@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
-import shutil
 from pathlib import Path
 
 import numpy as np
