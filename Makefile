@@ -27,6 +27,7 @@ bench: $(BIN)/python
 	$(BIN)/pip install -q -e .
 	$(BIN)/python bench/bench_lookup.py
 	$(BIN)/python bench/bench_train.py
+	$(BIN)/python bench/bench_tiers.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
