@@ -177,15 +177,13 @@ class Database:
                 if state_blob is None:
                     raise KeyError(f"table/{name}")
                 state = _npz_arrays(state_blob)
-                table = Table(self, name, config, self._backing(name, config, state))
+                table = Table(self, name, config, self._backing(name, config))
                 table._load_state(state)
             except (KeyError, TypeError, ValueError) as e:
                 raise CorruptDataError(f"{self.path}: table {name!r} cannot be loaded ({e})") from e
             self._tables[name] = table
 
-    def _backing(
-        self, name: str, config: TableConfig, state: dict[str, np.ndarray] | None = None
-    ) -> RocksTier:
+    def _backing(self, name: str, config: TableConfig) -> RocksTier:
         disk = config.disk or DiskConfig()
         return RocksTier(
             self._store,
@@ -194,7 +192,6 @@ class Database:
             config.optimizer.n_slots(config.dim),
             compression=disk.compression,
             dtype=disk.dtype,
-            rows=0 if state is None else int(state["counters"][4]),
         )
 
     # -- lifecycle ------------------------------------------------------------------------

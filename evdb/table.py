@@ -200,15 +200,19 @@ class Table:
         """Values of keys the DRAM tier lacks: their rows below where live, else defaults;
         with ``promote``, the rows found are cached (clean)."""
         uniq, inverse = np.unique(keys, return_inverse=True)
-        values = self.defaults(uniq)
+        values = np.empty((uniq.shape[0], self.dim), dtype=np.float32)
+        have = np.zeros(uniq.shape[0], dtype=bool)
         found, records = self._chain.fetch(uniq)
         if records is not None and len(records):
             live = records.last_step >= self._min_live()
             at = np.flatnonzero(found)[live]
             values[at] = records.values[live]
+            have[at] = True
             if promote and at.size:  # not victims of their own promotion
                 rows = self._chain.promote(uniq[at], records.take(live), dirty=False)
                 self._chain.evict(self._db.step, self._min_live(), protect=rows)
+        if not have.all():  # defaults only where no row was found (they cost a hash each)
+            values[~have] = self.defaults(uniq[~have])
         return values[inverse.ravel()]
 
     def _read_records(self, keys: Any) -> tuple[BoolArray, RecordBatch]:
@@ -662,7 +666,6 @@ class Table:
                     self._pushes,
                     self._dram.evictions,
                     self._dram.expired_evictions,
-                    0 if backing is None else len(backing),
                 ]
                 + [self._counters[c] for c in self._COUNTERS],
                 dtype=np.int64,
@@ -672,15 +675,20 @@ class Table:
             state[f"admission.{name}"] = arr
         for name, arr in self._chain.below_steps.to_arrays().items():
             state[f"below_steps.{name}"] = arr
+        if backing is not None:
+            for name, arr in backing.to_arrays().items():
+                state[f"backing.{name}"] = arr
         return state
 
     def _load_state(self, state: dict[str, np.ndarray]) -> None:
         """Restore what ``_flush`` returned (the backing tier already holds the rows)."""
         c = state["counters"].tolist()
         self._version, self._pushes, self._dram.evictions, self._dram.expired_evictions = c[:4]
-        self._counters.update(zip(self._COUNTERS, c[5:], strict=True))
+        self._counters.update(zip(self._COUNTERS, c[4:], strict=True))
         self._admission.load_arrays(_prefixed(state, "admission."))
         self._chain.below_steps.load_arrays(_prefixed(state, "below_steps."))
+        if self._chain.backing is not None:
+            self._chain.backing.load_arrays(_prefixed(state, "backing."))
         if not self._chain.spill and self._chain.backing is not None:
             # Every row lives in DRAM: load them all, clean (equal to their copy on disk).
             for keys, records in self._chain.backing.scan(65536):

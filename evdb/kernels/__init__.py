@@ -13,6 +13,8 @@ from types import ModuleType
 from evdb.errors import ConfigError
 
 KERNELS = (
+    "bloom_add",
+    "bloom_query",
     "combine_backward",
     "fill_normal",
     "fill_uniform",

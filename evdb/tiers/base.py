@@ -61,3 +61,11 @@ class Tier(ABC):
     @abstractmethod
     def stats(self) -> dict[str, Any]:
         """At least rows, capacity, bytes and evictions."""
+
+    def to_arrays(self) -> dict[str, Any]:
+        """What the tier keeps in memory about its rows and must persist (counts, filters),
+        for the database's metadata; the rows themselves are not included."""
+        return {}
+
+    def load_arrays(self, arrays: dict[str, Any]) -> None:  # noqa: B027 (a no-op by default)
+        """Restore what ``to_arrays`` returned."""

@@ -31,6 +31,7 @@ from evdb._types import BoolArray, Int64Array
 from evdb.errors import CorruptDataError
 from evdb.records import RecordBatch
 from evdb.tiers.base import Tier
+from evdb.tiers.keyfilter import KeyFilter
 
 __all__ = ["RocksStore", "RocksTier", "decode_keys", "encode_keys"]
 
@@ -236,7 +237,6 @@ class RocksTier(Tier):
         *,
         compression: Compression = "lz4",
         dtype: DiskDtype = "float32",
-        rows: int = 0,
     ) -> None:
         self.store = store
         self.column_family = column_family
@@ -245,8 +245,16 @@ class RocksTier(Tier):
         self.n_slots = n_slots
         self.dtype = dtype
         self._record = disk_dtype(dim, n_slots, dtype)
-        self._rows = rows
-        self.counters = {"hits": 0, "misses": 0, "puts": 0, "removes": 0, "f16_overflow": 0}
+        self._rows = 0
+        self.filter = KeyFilter()  # keys ever written: a miss it rules out costs no read
+        self.counters = {
+            "hits": 0,
+            "misses": 0,
+            "filtered": 0,
+            "puts": 0,
+            "removes": 0,
+            "f16_overflow": 0,
+        }
 
     # -- capabilities ---------------------------------------------------------------------
     @property
@@ -298,15 +306,20 @@ class RocksTier(Tier):
 
     # -- Tier contract --------------------------------------------------------------------
     def get(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch]:
-        if keys.shape[0] == 0:
-            return np.zeros(0, dtype=bool), self._unpack(b"")
-        encoded: list[Any] = encode_keys(keys)
+        found = np.zeros(keys.shape[0], dtype=bool)
+        maybe = np.flatnonzero(self.filter.may_contain(keys))
+        self.counters["filtered"] += keys.shape[0] - maybe.shape[0]
+        if maybe.shape[0] == 0:
+            self.counters["misses"] += keys.shape[0]
+            return found, self._unpack(b"")
+        encoded: list[Any] = encode_keys(keys[maybe])
         got = np.array(self.cf.get(encoded), dtype=object)  # one multi-get
-        found: BoolArray = got != None  # noqa: E711 (elementwise, not identity)
-        hits = int(np.count_nonzero(found))
+        hit: BoolArray = got != None  # noqa: E711 (elementwise, not identity)
+        found[maybe[hit]] = True
+        hits = int(np.count_nonzero(hit))
         self.counters["hits"] += hits
         self.counters["misses"] += keys.shape[0] - hits
-        return found, self._unpack(b"".join(got[found]))
+        return found, self._unpack(b"".join(got[hit]))
 
     def exists(self, keys: Int64Array) -> BoolArray:
         found, _ = self.get(keys)
@@ -320,6 +333,7 @@ class RocksTier(Tier):
         if existed is None:
             existed = self.exists(keys)
         self.store.write_rows(self.column_family, encode_keys(keys), self._pack(records))
+        self.filter.add(keys[~existed])
         self._rows += int(keys.shape[0] - np.count_nonzero(existed))
         self.counters["puts"] += keys.shape[0]
 
@@ -354,6 +368,17 @@ class RocksTier(Tier):
             start = keys[-1]
             yield decode_keys(b"".join(keys)), self._unpack(b"".join(values))
 
+    def to_arrays(self) -> dict[str, Any]:
+        arrays = {f"filter.{k}": v for k, v in self.filter.to_arrays().items()}
+        return {"rows": np.array([self._rows], dtype=np.int64), **arrays}
+
+    def load_arrays(self, arrays: dict[str, Any]) -> None:
+        self._rows = int(arrays["rows"][0])
+        prefix = "filter."
+        self.filter.load_arrays(
+            {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+        )
+
     def stats(self) -> dict[str, Any]:
         sst = self.cf.property_int_value("rocksdb.total-sst-files-size") or 0
         mem = self.cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
@@ -362,6 +387,7 @@ class RocksTier(Tier):
             "capacity": None,
             "evictions": 0,
             "bytes": int(sst + mem),
+            "filter_bytes": self.filter.nbytes,
             "dtype": self.dtype,
             **self.counters,
         }

@@ -158,6 +158,25 @@ def test_sketch_add_matches_reference(kernels, reference, rng, n_hashes, width) 
     np.testing.assert_array_equal(outs[1][1], outs[0][1])
 
 
+@pytest.mark.parametrize("n_hashes,words", [(1, 3), (7, 16), (4, 1)])
+def test_bloom_add_and_query_match_reference(kernels, reference, rng, n_hashes, words) -> None:
+    added, other = random_keys(rng, 200), random_keys(rng, 500)
+    start = rng.integers(0, 2**63, words).astype(np.uint64) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    outs = []
+    for mod in (reference, kernels):
+        bits = start.copy()
+        mod.bloom_add(bits, added, n_hashes, np.uint64(7))
+        queried = np.concatenate([added, other])
+        hit = np.empty(queried.shape[0], dtype=bool)
+        mod.bloom_query(bits, queried, n_hashes, np.uint64(7), hit)
+        outs.append((bits, hit))
+    np.testing.assert_array_equal(outs[1][0], outs[0][0])
+    np.testing.assert_array_equal(outs[1][1], outs[0][1])
+    assert outs[0][1][: added.shape[0]].all()  # no false negative
+    if words == 16:  # 16 x 64 bits for ~200 keys: mostly true negatives
+        assert outs[0][1][added.shape[0] :].mean() < 0.5
+
+
 VARIANTS = [
     ("index", "hash_find"),
     ("index", "probe_gather"),

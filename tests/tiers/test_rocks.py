@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from evdb.tiers.keyfilter import KeyFilter
 from evdb.tiers.rocks import RocksStore, RocksTier, decode_keys, encode_keys
 
 from .contract import DIM, SLOTS, TierContract, records
@@ -75,3 +76,30 @@ def test_known_presence_spares_the_read_and_keeps_len_exact(store: RocksStore) -
     assert tier.stats()["hits"] + tier.stats()["misses"] == reads and len(tier) == 15
     tier.remove(np.array([0, 1], np.int64), present=np.ones(2, dtype=bool))
     assert len(tier) == 13 and tier.get(np.array([0, 2], np.int64))[0].tolist() == [False, True]
+
+
+def test_key_filter_grows_without_false_negatives_and_round_trips() -> None:
+    f = KeyFilter()
+    rng = np.random.default_rng(3)
+    added = rng.integers(-(2**63), 2**63 - 1, 300_000, dtype=np.int64, endpoint=True)
+    for chunk in np.array_split(added, 7):
+        f.add(chunk)
+    assert len(f.stages) > 1  # the first stage holds 65,536 keys
+    assert f.may_contain(added).all()
+    others = rng.integers(-(2**63), 2**63 - 1, 200_000, dtype=np.int64, endpoint=True)
+    assert f.may_contain(others).mean() < 0.01
+    assert f.nbytes < 3 * added.shape[0]  # under 3 bytes per key, the last stage half full
+    g = KeyFilter()
+    g.load_arrays(f.to_arrays())
+    np.testing.assert_array_equal(g.may_contain(others), f.may_contain(others))
+
+
+def test_a_key_never_written_costs_no_read(store: RocksStore) -> None:
+    tier = RocksTier(store, "t.x", DIM, SLOTS)
+    tier.put(np.arange(100, dtype=np.int64), records(100))
+    found, _ = tier.get(np.arange(50, 5050, dtype=np.int64))
+    assert found.sum() == 50
+    assert tier.stats()["filtered"] > 4900  # ruled out in memory (a few false positives)
+    fresh = RocksTier(store, "t.x", DIM, SLOTS)
+    fresh.load_arrays(tier.to_arrays())
+    assert len(fresh) == 100 and fresh.get(np.arange(100, dtype=np.int64))[0].all()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from evdb.kernels.cpu.bags import combine_backward, gather_combine, probe_gather_combine
 from evdb.kernels.cpu.index import (
+    bloom_add,
+    bloom_query,
     hash_find,
     hash_insert,
     hash_remove,
@@ -22,6 +24,8 @@ from evdb.kernels.cpu.init import fill_normal, fill_uniform
 from evdb.kernels.cpu.optim import group_positions, segment_sum_apply
 
 __all__ = [
+    "bloom_add",
+    "bloom_query",
     "combine_backward",
     "fill_normal",
     "fill_uniform",

@@ -257,6 +257,36 @@ def sketch_add(counters, keys, counts, n_hashes, seed, out):  # type: ignore[no-
         out[i] = best if n_hashes > 0 else 0
 
 
+U8 = types.Array(types.uint64, 1, "C")
+B1 = types.Array(types.boolean, 1, "C")
+
+
+@njit(types.void(U8, I8, i8, u8), **OPTS)
+def bloom_add(bits, keys, n_hashes, seed):  # type: ignore[no-untyped-def]
+    width = np.uint64(bits.shape[0] * 64)
+    for i in range(keys.shape[0]):
+        h1 = mix64(np.uint64(keys[i]) ^ seed)
+        h2 = mix64(h1) | np.uint64(1)
+        for h in range(n_hashes):
+            p = (h1 + np.uint64(h) * h2) % width
+            bits[p >> np.uint64(6)] |= np.uint64(1) << (p & np.uint64(63))
+
+
+@njit(types.void(U8, I8, i8, u8, B1), **OPTS)
+def bloom_query(bits, keys, n_hashes, seed, out):  # type: ignore[no-untyped-def]
+    width = np.uint64(bits.shape[0] * 64)
+    for i in range(keys.shape[0]):
+        h1 = mix64(np.uint64(keys[i]) ^ seed)
+        h2 = mix64(h1) | np.uint64(1)
+        hit = True
+        for h in range(n_hashes):
+            p = (h1 + np.uint64(h) * h2) % width
+            if (bits[p >> np.uint64(6)] >> (p & np.uint64(63))) & np.uint64(1) == 0:
+                hit = False
+                break
+        out[i] = hit
+
+
 @njit(i8(I8, I8, I4, I8_2D, I8, I8, I8, I8), **OPTS)
 def unique_rows(  # type: ignore[no-untyped-def]
     keys, rows, mark, scratch, out_unique, out_inverse, out_counts, out_rows

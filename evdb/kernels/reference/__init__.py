@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from evdb.kernels.reference.bags import combine_backward, gather_combine, probe_gather_combine
 from evdb.kernels.reference.index import (
+    bloom_add,
+    bloom_query,
     hash_find,
     hash_insert,
     hash_remove,
@@ -26,6 +28,8 @@ from evdb.kernels.reference.init import fill_normal, fill_uniform
 from evdb.kernels.reference.optim import group_positions, segment_sum_apply
 
 __all__ = [
+    "bloom_add",
+    "bloom_query",
     "combine_backward",
     "fill_normal",
     "fill_uniform",

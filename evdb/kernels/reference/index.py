@@ -141,6 +141,22 @@ def sketch_add(
     out[:] = acc[pos].min(axis=1) if n_hashes else 0
 
 
+def bloom_add(bits: np.ndarray, keys: np.ndarray, n_hashes: int, seed: int) -> None:
+    """Set the n_hashes bits of each key in a Bloom filter of ``bits (words,) uint64``
+    (bit p is bit p % 64 of word p // 64; positions as ``sketch_positions`` over 64 * words)."""
+    pos = sketch_positions(keys, n_hashes, seed, 64 * bits.shape[0]).reshape(-1)
+    np.bitwise_or.at(bits, pos >> 6, np.uint64(1) << (pos & 63).astype(np.uint64))
+
+
+def bloom_query(
+    bits: np.ndarray, keys: np.ndarray, n_hashes: int, seed: int, out: np.ndarray
+) -> None:
+    """out[i] = whether every bit of keys[i] is set: False means never added."""
+    pos = sketch_positions(keys, n_hashes, seed, 64 * bits.shape[0])
+    word = bits[pos >> 6] >> (pos & 63).astype(np.uint64)
+    out[:] = (word & np.uint64(1)).astype(bool).all(axis=1)
+
+
 def unique_rows(
     keys: np.ndarray,
     rows: np.ndarray,
