@@ -421,6 +421,7 @@ def train_counters(t: evdb.Table) -> dict[str, int]:
         "written_back": dram["written_back"],
         "disk_found": disk.get("hits", 0),
         "disk_missed": disk.get("misses", 0),
+        "disk_filtered": disk.get("filtered", 0),
     }
 
 
@@ -680,6 +681,7 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
         "written back",
         "disk found",
         "disk missed",
+        "of which filtered",
         "rows at end",
     ]
     rows = []
@@ -698,6 +700,7 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
                 fmt_count(d["written_back"] / steps),
                 fmt_count(d["disk_found"] / steps),
                 fmt_count(d["disk_missed"] / steps),
+                fmt_count(d["disk_filtered"] / steps),
                 fmt_count(r.rows_at_end),
             ]
         )
@@ -713,8 +716,9 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
         )
     print(
         "(DRAM hits: share of a step's distinct keys found in DRAM; B's misses are keys seen "
-        "for the\n first time. disk found / missed: multi-get reads of DRAM misses; a miss is "
-        "a new key)"
+        "for the\n first time. disk found / missed: DRAM misses looked up on disk; a miss is a "
+        "new key,\n and 'filtered' misses were ruled out by the in-memory key filter: no "
+        "RocksDB read)"
     )
 
     f = report.flush

@@ -312,14 +312,16 @@ class RocksTier(Tier):
         if maybe.shape[0] == 0:
             self.counters["misses"] += keys.shape[0]
             return found, self._unpack(b"")
+        maybe = maybe[np.argsort(keys[maybe], kind="stable")]  # key order: blocks read once
         encoded: list[Any] = encode_keys(keys[maybe])
         got = np.array(self.cf.get(encoded), dtype=object)  # one multi-get
         hit: BoolArray = got != None  # noqa: E711 (elementwise, not identity)
-        found[maybe[hit]] = True
+        at = maybe[hit]
+        found[at] = True
         hits = int(np.count_nonzero(hit))
         self.counters["hits"] += hits
         self.counters["misses"] += keys.shape[0] - hits
-        return found, self._unpack(b"".join(got[hit]))
+        return found, self._unpack(b"".join(got[hit])).take(np.argsort(at))  # input order
 
     def exists(self, keys: Int64Array) -> BoolArray:
         found, _ = self.get(keys)
