@@ -10,7 +10,8 @@ under ``--tmpdir``, so that file system is the disk measured):
   SST files. ``evdb``: ``Table.lookup(keys)`` of ``--batch`` distinct existing keys that the
   DRAM tier does not hold (checked with the DRAM tier's index; the timed calls' DRAM hits are
   counted and printed). ``raw``: a bare rocksdict database with the same options as evdb's
-  (``evdb.tiers.rocks._options("lz4", Cache(32 MiB))``: LZ4, 16 MiB memtables, bloom filter
+  (``evdb.tiers.rocks._options(DiskConfig().compression, Cache(32 MiB))``: the default
+  compression, 16 MiB memtables, bloom filter
   of 10 bits per key, 32 MiB block cache), holding the same keys (``encode_keys``) with
   records of the same layout and bytes (``disk_dtype(dim, 0, "float32")``, same values),
   written in write batches without WAL and flushed; timed: ``Rdict.get(list)`` (one
@@ -50,7 +51,8 @@ under ``--tmpdir``, so that file system is the disk measured):
   memtable, so both sides end with the rows in SST files. Each repeat builds both stores
   afresh and runs ``os.sync()`` before its timed call.
 * compression: ``--compress-rows`` rows of "trained-like" values (normal, std 0.05; SGD)
-  flushed from DRAM for each of float32 with no compression, LZ4, ZSTD, and float16 with LZ4:
+  flushed from DRAM for each of float32 with no compression, LZ4, ZSTD, and float16 with none
+  and LZ4:
   bytes per row on disk (``stats()["tiers"]["rocksdb"]["bytes"]`` after the flush: SST files
   plus memtables), the flush's write rate, the time of a full ``compact_range``, and the cold
   read rate (``cached`` as above, after reopening the database so that DRAM is empty).
@@ -109,6 +111,7 @@ COMPRESS_CONFIGS = (  # (disk dtype, compression)
     ("float32", "none"),
     ("float32", "lz4"),
     ("float32", "zstd"),
+    ("float16", "none"),
     ("float16", "lz4"),
 )
 OS_CACHE_STATES = ("cached", "dropped")
@@ -250,7 +253,8 @@ def rocks_tier(t: evdb.Table) -> rocks.RocksTier:
 def raw_store(path: Path) -> rocksdict.Rdict:
     """A bare rocksdict database with evdb's options (and its own 32 MiB block cache)."""
     return rocksdict.Rdict(
-        str(path), rocks._options("lz4", rocksdict.Cache(rocks.BLOCK_CACHE_BYTES))
+        str(path),
+        rocks._options(DiskConfig().compression, rocksdict.Cache(rocks.BLOCK_CACHE_BYTES)),
     )
 
 
@@ -611,7 +615,8 @@ def print_header(args: argparse.Namespace) -> None:
         "cache, WAL off",
         f"store       {store} ({fs_of(store)})",
         f"cold reads  {fmt_count(args.rows)} rows, dim {args.dim}, SGD (record {record} B), "
-        f"DRAM {fmt_count(args.cold_dram)} rows, LZ4; lookup of {fmt_count(args.batch)} "
+        f"DRAM {fmt_count(args.cold_dram)} rows, compression {DiskConfig().compression}; "
+        f"lookup of {fmt_count(args.batch)} "
         "distinct keys on disk only, fresh per call; both stores fully compacted",
         f"training    Zipf a={args.zipf_a} over {fmt_count(args.zipf_keys)} keys (truncated "
         f"by rejection, scattered), {fmt_count(args.train_batch)} keys/step, dim "

@@ -67,8 +67,11 @@ class DiskConfig:
     rows barely compress) but rounds a row each time it is written down: a lossy choice, so
     a row read back from disk may differ from the one written (optimizer slots stay
     float32; values beyond float16's range are counted in ``stats()``)."""
-    compression: Compression = "lz4"
-    """RocksDB's block compression ("lz4", "zstd" or "none"); see the README's measurements."""
+    compression: Compression = "none"
+    """RocksDB's block compression: "none", "lz4" or "zstd". Off by default: on trained
+    float32 rows LZ4 saved 0.03% of the bytes and made compaction 1.5x slower, ZSTD saved 5%
+    and halved the write rate (bench/bench_tiers.py, README "Performance"); rows that stay
+    near a constant initial value (Zeros, Constant) do compress."""
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):

@@ -3,10 +3,11 @@
 One RocksDB (through rocksdict) holds a whole database: the ``default`` column family keeps the
 database's metadata, and each table's rows live in their own column family, named ``t.<table>``.
 
-Keys are 8 bytes, big-endian, with the sign bit flipped, so that RocksDB's byte order is numeric
-order (scans come back sorted, ranges are key ranges). Values are the canonical record of
-``evdb.records`` (or the same layout with float16 values, when a table asks for it), converted
-a batch at a time with numpy views.
+RocksDB's block compression is per column family (none by default: trained float32 rows do
+not compress; see ``DiskConfig``). Keys are 8 bytes, big-endian, with the sign bit flipped, so
+that RocksDB's byte order is numeric order (scans come back sorted, ranges are key ranges).
+Values are the canonical record of ``evdb.records`` (or the same layout with float16 values,
+when a table asks for it), converted a batch at a time with numpy views.
 
 Writes skip RocksDB's write-ahead log: durability comes from the checkpoint that
 ``Database.flush`` takes (``RocksStore.checkpoint``), and after a crash the working copy is
@@ -118,7 +119,7 @@ class RocksStore:
         try:
             self.db = rocksdict.Rdict(
                 str(self.path),
-                _options("lz4", self._cache),
+                _options("none", self._cache),  # the default family holds metadata only
                 column_families={
                     name: _options(c, self._cache) for name, c in self._compression.items()
                 },
@@ -235,7 +236,7 @@ class RocksTier(Tier):
         dim: int,
         n_slots: int,
         *,
-        compression: Compression = "lz4",
+        compression: Compression = "none",
         dtype: DiskDtype = "float32",
     ) -> None:
         self.store = store
