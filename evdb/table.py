@@ -518,6 +518,11 @@ class Table:
         else:
             rows = self._live_rows(pulled.keys)
             rows[~pulled.admitted] = -1
+            gone = np.flatnonzero(pulled.admitted & (rows < 0))
+            if gone.size and self._chain.has_rows_below:  # evicted since: bring them back
+                back = rows[gone]
+                self._promote_misses(pulled.keys[gone], back)
+                rows[gone] = back
         ok = rows >= 0
         self._counters["dropped_gradients"] += int(u - np.count_nonzero(ok))
         version = self._bump_version()

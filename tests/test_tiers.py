@@ -208,3 +208,18 @@ def test_a_zipf_workload_mostly_hits_dram(db) -> None:
     after = t.stats()["tiers"]["dram"]
     hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
     assert hits / (hits + misses) > 0.5
+
+
+@pytest.mark.parametrize("disk", [True, False])
+def test_a_push_reaches_a_row_recreated_and_spilled_since_its_pull(db, disk) -> None:
+    """Found by the tiered state machine: the row a batch pulled is deleted, re-created by
+    upsert and evicted to disk before the push; the push must still reach it, as it does
+    when every row is in DRAM."""
+    t = db.create_table("t", dim=2, dram_rows=None if not disk else 2, disk=disk)
+    p = t.pull([1])
+    t.delete([1])
+    t.upsert([1, 2, 3, 4], np.zeros((4, 2)))
+    if disk:
+        assert t._dram.locate(np.array([1]))[0] < 0  # on disk only
+    t.push(p, np.ones((1, 2)))
+    np.testing.assert_allclose(t.lookup([1]), [[-0.01, -0.01]])
