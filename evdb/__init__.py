@@ -5,7 +5,7 @@ The public surface is exactly ``__all__``.
 
 from __future__ import annotations
 
-from evdb import admission, optim
+from evdb import admission, checkpoint, optim
 from evdb import initializers as init
 from evdb.config import DiskConfig, DramConfig, TableConfig
 from evdb.database import Database, open
@@ -18,9 +18,11 @@ from evdb.errors import (
     EvdbError,
     InvalidArgumentError,
     InvalidTypeError,
+    ReadOnlyError,
     TableExistsError,
     TableNotFoundError,
 )
+from evdb.checkpoint import verify
 from evdb.keys import hash_strings
 from evdb.table import Pulled, Table
 
@@ -39,13 +41,16 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTypeError",
     "Pulled",
+    "ReadOnlyError",
     "Table",
     "TableConfig",
     "TableExistsError",
     "TableNotFoundError",
     "admission",
+    "checkpoint",
     "hash_strings",
     "init",
     "open",
     "optim",
+    "verify",
 ]

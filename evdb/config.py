@@ -70,8 +70,9 @@ class DiskConfig:
     compression: Compression = "none"
     """RocksDB's block compression: "none", "lz4" or "zstd". Off by default: on trained
     float32 rows LZ4 saved 0.03% of the bytes and compacted 1.0-1.5x slower, ZSTD saved 5%
-    and cut the write and cold-read rates by 30-40% (bench/bench_tiers.py, README "Performance"); rows that stay
-    near a constant initial value (Zeros, Constant) do compress."""
+    and cut the write and cold-read rates by 30-40% (bench/bench_tiers.py, README
+    "Performance"); rows that stay near a constant initial value (Zeros, Constant) do
+    compress."""
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):

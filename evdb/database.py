@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from evdb import checkpoint as _checkpoint
 from evdb.admission import AdmissionPolicy, AdmitAll
 from evdb.config import DiskConfig, DramConfig, TableConfig
 from evdb.errors import (
@@ -38,12 +39,14 @@ from evdb.errors import (
     DatabaseClosedError,
     DatabaseLockedError,
     InvalidArgumentError,
+    ReadOnlyError,
     TableExistsError,
     TableNotFoundError,
 )
 from evdb.initializers import Initializer, Normal
 from evdb.keys import KeyType
 from evdb.optim import SGD, Optimizer
+from evdb.records import RecordBatch
 from evdb.table import Table
 from evdb.tiers.rocks import RocksStore, RocksTier
 
@@ -106,25 +109,46 @@ class Database:
     (3, ['user'])
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, read_only: bool = False, verify: bool = True
+    ) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock)
-            raise DatabaseLockedError(
-                f"path: {self.path} is open in another process or handle; close it first"
-            ) from None
+        self.read_only = read_only
+        self._lock = -1
         self._closed = False
         self._tables: dict[str, Table] = {}
         self._dropped: set[str] = set()
         self._step = 0
         self._checkpoint = 0
+        if read_only:
+            if not (self.path / POINTER).exists():
+                raise TableNotFoundError(f"path: {self.path} is not an evdb database")
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(self._lock)
+                raise DatabaseLockedError(
+                    f"path: {self.path} is open in another process or handle; close it first"
+                ) from None
         try:
-            self._store = self._open_store()
+            manifest = _checkpoint.read_manifest(self.path)
+            if manifest is not None and verify:
+                _checkpoint.verify(self.path)
+            if manifest is not None and manifest["kind"] == "incremental":
+                if read_only:
+                    raise ReadOnlyError(
+                        f"path: {self.path} is an incremental checkpoint; open it for "
+                        "writing once (which rebuilds it into a database) to read it"
+                    )
+                self._store = self._materialize(manifest)
+            else:
+                self._store = self._open_store()
             self._load()
+            if manifest is not None and not read_only:
+                self._become_database()
         except BaseException:
             self._release()
             raise
@@ -143,8 +167,13 @@ class Database:
         return meta
 
     def _open_store(self) -> RocksStore:
-        """Recreate the working copy from the current checkpoint (or start empty)."""
+        """Recreate the working copy from the current checkpoint (or start empty); read-only,
+        open the current checkpoint itself."""
         pointer = self._read_pointer()
+        if self.read_only:
+            assert pointer is not None
+            source = self.path / CHECKPOINTS / str(pointer["checkpoint"])
+            return RocksStore(source, pointer["column_families"], read_only=True)
         working = self.path / WORKING
         checkpoints = self.path / CHECKPOINTS
         checkpoints.mkdir(exist_ok=True)
@@ -166,7 +195,8 @@ class Database:
     def _load(self) -> None:
         blob = self._store.get_meta("manifest")
         if blob is None:
-            self.flush()  # a new database: make the directory a valid one at once
+            if not self.read_only:
+                self.flush()  # a new database: make the directory a valid one at once
             return
         meta = json.loads(blob)
         self._step = int(meta["step"])
@@ -199,11 +229,25 @@ class Database:
         if self._closed:
             raise DatabaseClosedError(f"database {self.path} is closed")
 
-    def flush(self) -> None:
-        """Make the current state durable: every dirty row, every table's counters and
-        admission state, and the global step. After it returns, a crash loses nothing; a
-        crash before it returns reopens to the previous flush."""
+    def _check_writable(self) -> None:
         self._check_open()
+        if self.read_only:
+            raise ReadOnlyError(f"database {self.path} is open read-only")
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def checkpoint(
+        self, dest: str | os.PathLike[str], base: str | os.PathLike[str] | None = None
+    ) -> dict[str, Any]:
+        """Flush, then write a self-contained, checksummed copy of the database to dest,
+        atomically (a crash leaves no dest or a complete one). With ``base`` (an earlier
+        checkpoint, left unopened), store only the rows changed since it. ``evdb.open(dest)``
+        resumes from either (opening for writing turns dest into a database). Returns the
+        checkpoint's manifest."""
+        self._check_writable()
+        return _checkpoint.checkpoint(self, dest, base)
+
+    def _metadata(self) -> dict[str, bytes]:
+        """The metadata a flush stores (and a checkpoint copies)."""
         meta: dict[str, bytes] = {}
         for name, table in self._tables.items():
             meta[f"table/{name}"] = _npz_bytes(table._flush())
@@ -212,10 +256,81 @@ class Database:
             "tables": {n: t.config.to_dict() for n, t in self._tables.items()},
         }
         meta["manifest"] = json.dumps(manifest).encode()
-        self._store.put_meta(meta)
+        return meta
+
+    def _copy_current_checkpoint(self, dest: Path) -> None:
+        """dest = a database directory holding the current checkpoint (just flushed)."""
+        name = f"{self._checkpoint:010d}"
+        _checkpoint._copy_tree(self.path / CHECKPOINTS / name, dest / CHECKPOINTS / name)
+        pointer = {
+            "format": FORMAT,
+            "checkpoint": name,
+            "column_families": self._store.column_families,
+        }
+        (dest / POINTER).write_text(json.dumps(pointer, indent=1))
+
+    def _write_metadata_file(self, path: Path) -> None:
+        """The metadata of the last flush, for an incremental checkpoint."""
+        meta = {
+            k: self._store.get_meta(k) for k in ["manifest"] + [f"table/{n}" for n in self._tables]
+        }
+        arrays = {k: np.frombuffer(v or b"", dtype=np.uint8) for k, v in meta.items()}
+        arrays["column_families"] = np.frombuffer(
+            json.dumps(self._store.column_families).encode(), dtype=np.uint8
+        )
+        np.savez(path, allow_pickle=False, **arrays)
+
+    def _materialize(self, manifest: dict[str, Any]) -> RocksStore:
+        """Rebuild the state of an incremental checkpoint: the full checkpoint at the root of
+        its chain, then each incremental's deletions and changed rows, in order."""
+        chain = _checkpoint.chain_of(self.path)
+        full = chain[0]
+        pointer = json.loads((full / POINTER).read_text())
+        working = self.path / WORKING
+        RocksStore.restore(full / CHECKPOINTS / str(pointer["checkpoint"]), working)
+        store = RocksStore(working, pointer["column_families"])
+        for step in chain[1:]:
+            with np.load(step / "metadata.npz", allow_pickle=False) as z:
+                meta = {k: z[k].tobytes() for k in z.files}
+            families = json.loads(meta.pop("column_families"))
+            tables = json.loads(meta["manifest"])["tables"]
+            for cf in set(store.column_families) - set(families):
+                store.drop_column_family(cf)
+            for name, cfg in tables.items():
+                config = TableConfig.from_dict(cfg)
+                disk = config.disk or DiskConfig()
+                tier = RocksTier(
+                    store,
+                    _column_family(name),
+                    config.dim,
+                    config.optimizer.n_slots(config.dim),
+                    compression=families.get(_column_family(name), disk.compression),
+                    dtype=disk.dtype,
+                )
+                _apply_delta(tier, step / _checkpoint.DELTA / name)
+            old = [bytes(k).decode() for k in store.db.keys()]  # type: ignore[arg-type]
+            store.delete_meta([k for k in old if k not in meta])
+            store.put_meta(meta)
+        return store
+
+    def _become_database(self) -> None:
+        """A checkpoint opened for writing is a database from now on: flush its state into
+        the usual layout and drop what only the checkpoint needed."""
+        self.flush()
+        (self.path / _checkpoint.MANIFEST).unlink()
+        shutil.rmtree(self.path / _checkpoint.DELTA, ignore_errors=True)
+        (self.path / "metadata.npz").unlink(missing_ok=True)
+
+    def flush(self) -> None:
+        """Make the current state durable: every dirty row, every table's counters and
+        admission state, and the global step. After it returns, a crash loses nothing; a
+        crash before it returns reopens to the previous flush."""
+        self._check_writable()
+        self._store.put_meta(self._metadata())
         self._store.delete_meta([f"table/{n}" for n in self._dropped - self._tables.keys()])
         self._dropped.clear()
         checkpoints = self.path / CHECKPOINTS
+        checkpoints.mkdir(exist_ok=True)
         number = self._checkpoint + 1
         name = f"{number:010d}"
         self._store.checkpoint(checkpoints / name)
@@ -239,15 +354,18 @@ class Database:
 
     def _release(self) -> None:
         self._closed = True
-        fcntl.flock(self._lock, fcntl.LOCK_UN)
-        os.close(self._lock)
+        if self._lock >= 0:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            os.close(self._lock)
+            self._lock = -1
 
     def close(self) -> None:
         """Flush and release the directory. Closing twice is a no-op."""
         if self._closed:
             return
         try:
-            self.flush()
+            if not self.read_only:
+                self.flush()
         finally:
             self._store.close()
             self._release()
@@ -271,7 +389,7 @@ class Database:
 
     def advance(self, n: int = 1) -> int:
         """Move the global step forward by n >= 0; returns the new step."""
-        self._check_open()
+        self._check_writable()
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidArgumentError(f"n must be an int >= 0, got {n!r}")
         self._step += n
@@ -301,7 +419,7 @@ class Database:
         rows beyond ``dram_rows`` spill to disk; ``disk=False`` keeps every row in DRAM.
         Raises ``TableExistsError`` (a ValueError) if the name is taken.
         """
-        self._check_open()
+        self._check_writable()
         _parse_table_name(name)
         if name in self._tables:
             raise TableExistsError(f"name: table {name!r} already exists in {self.path}")
@@ -341,6 +459,7 @@ class Database:
 
     def drop_table(self, name: str) -> None:
         """Delete a table and its rows (from disk at the next flush)."""
+        self._check_writable()
         self.table(name)
         del self._tables[name]
         self._store.drop_column_family(_column_family(name))  # the checkpoint keeps it
@@ -361,6 +480,29 @@ def _parse_disk(disk: Any) -> DiskConfig | None:
     raise ConfigError(f"disk must be True, False or a DiskConfig, got {disk!r}")
 
 
-def open(path: str | os.PathLike[str]) -> Database:
-    """Open (creating if missing) the database directory at path."""
-    return Database(path)
+def _apply_delta(tier: RocksTier, delta: Path) -> None:
+    """Make a table's column family hold the keys of ``keys.npy``, with the changed rows."""
+    keep = np.load(delta / "keys.npy")
+    gone: list[np.ndarray] = []
+    for keys, _ in tier.scan(65536):
+        at = np.searchsorted(keep, keys).clip(max=max(keep.shape[0] - 1, 0))
+        missing = keys if keep.shape[0] == 0 else keys[keep[at] != keys]
+        if missing.shape[0]:
+            gone.append(missing)
+    if gone:
+        removed = np.concatenate(gone)
+        tier.remove(removed, present=np.ones(removed.shape[0], dtype=bool))
+    for part in sorted(delta.glob("rows-*.npz")):
+        with np.load(part, allow_pickle=False) as z:
+            records = RecordBatch.unpack(z["records"].tobytes(), tier.dim, tier.n_slots)
+            keys = z["keys"]
+        tier.put(keys, records, existed=np.zeros(keys.shape[0], dtype=bool))
+
+
+def open(path: str | os.PathLike[str], *, read_only: bool = False, verify: bool = True) -> Database:
+    """Open (creating if missing) the database directory at path.
+
+    ``read_only=True`` opens the last flushed state without a lock or a working copy (a
+    serving snapshot; writes raise ``ReadOnlyError``). A checkpoint's files are checked
+    against its manifest first (``verify=False`` skips that)."""
+    return Database(path, read_only=read_only, verify=verify)

@@ -48,3 +48,7 @@ class DatabaseClosedError(EvdbError, RuntimeError):
 
 class CorruptDataError(EvdbError, RuntimeError):
     """A file of the database is damaged or of an unknown format."""
+
+
+class ReadOnlyError(EvdbError, RuntimeError):
+    """A write to a database opened with ``read_only=True``."""

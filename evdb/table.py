@@ -8,6 +8,7 @@ records. See the README's operations table for what each call does on a hit and 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,9 @@ class Table:
         )
         self._version = 0  # table-wide mutation counter; rows record the value that changed them
         self._pushes = 0
+        # Names this incarnation of the table: versions restart when a table is re-created,
+        # and an incremental checkpoint must not compare them across incarnations.
+        self._uid = os.urandom(8).hex()
         self._counters = {"not_admitted": 0, "expired_on_pull": 0, "dropped_gradients": 0}
         self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
         self._dedup_scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
@@ -415,6 +419,7 @@ class Table:
         ``last_step = db.step``; an expired row starts afresh. The batch's rows are protected
         from eviction until its ``push`` or the next ``pull``.
         """
+        self._db._check_writable()
         k = self._keys(keys)
         uniq, inverse, counts, found = self._dedup_rows(k)
         cap = self._dram.capacity_rows
@@ -495,6 +500,7 @@ class Table:
         dropped and counted in ``stats()["dropped_gradients"]``. Non-finite gradients raise
         and change nothing.
         """
+        self._db._check_writable()
         self._db._check_open()
         if not isinstance(pulled, Pulled) or pulled.table != self.name:
             raise InvalidArgumentError(
@@ -551,6 +557,7 @@ class Table:
         An existing row keeps its optimizer slots and frequency; a new, re-created or expired
         one starts with fresh slots. A key given twice takes its last value.
         """
+        self._db._check_writable()
         k = self._keys(keys)
         v = float_matrix(values, (k.shape[0], self.dim), "values")
         uniq, inverse, _ = self._dedup(k)
@@ -581,6 +588,7 @@ class Table:
 
     def delete(self, keys: Any) -> int:
         """Remove keys' rows and pending admission counts; returns how many live rows went."""
+        self._db._check_writable()
         k = self._keys(keys)
         uniq, _, _ = self._dedup(k)
         rows = self._dram.locate(uniq)
@@ -602,6 +610,7 @@ class Table:
         Returns ``{"expired": n, "l2": m, "admission_forgotten": c}``: rows removed for each
         reason, and stale pending admission counts forgotten (only with a TTL).
         """
+        self._db._check_writable()
         self._db._check_open()
         min_live = self._min_live()
         threshold = self.config.l2_threshold
@@ -676,6 +685,7 @@ class Table:
                 dtype=np.int64,
             ),
         }
+        state["uid"] = np.frombuffer(bytes.fromhex(self._uid), dtype=np.uint8)
         for name, arr in self._admission.to_arrays().items():
             state[f"admission.{name}"] = arr
         for name, arr in self._chain.below_steps.to_arrays().items():
@@ -685,8 +695,14 @@ class Table:
                 state[f"backing.{name}"] = arr
         return state
 
+    def _checkpoint_info(self) -> dict[str, Any]:
+        """What a checkpoint manifest records of the table (after a flush)."""
+        return {"uid": self._uid, "version": self._version, "rows": len(self)}
+
     def _load_state(self, state: dict[str, np.ndarray]) -> None:
         """Restore what ``_flush`` returned (the backing tier already holds the rows)."""
+        if "uid" in state:
+            self._uid = state["uid"].tobytes().hex()
         c = state["counters"].tolist()
         self._version, self._pushes, self._dram.evictions, self._dram.expired_evictions = c[:4]
         self._counters.update(zip(self._COUNTERS, c[4:], strict=True))

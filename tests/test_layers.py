@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 # Each layer may import the layers after it, never those before it.
 LAYERS = [
     {"evdb.demo", "evdb.torch"},
-    {"evdb", "evdb.database"},  # "evdb" is the package facade, for callers only
+    {"evdb", "evdb.database", "evdb.checkpoint"},  # "evdb" is the facade, for callers only
     {"evdb.table", "evdb.pulled"},
     {"evdb.tiers"},
-    {"evdb.persist", "evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"},
-    {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records"},
+    {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"},
+    {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records", "evdb.io"},
     {"evdb.kernels"},
     {"evdb.errors", "evdb._types"},
 ]
