@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from evdb import admission, checkpoint, optim
 from evdb import initializers as init
+from evdb.checkpoint import verify
 from evdb.config import DiskConfig, DramConfig, TableConfig
 from evdb.database import Database, open
 from evdb.errors import (
@@ -22,7 +23,6 @@ from evdb.errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from evdb.checkpoint import verify
 from evdb.keys import hash_strings
 from evdb.table import Pulled, Table
 
