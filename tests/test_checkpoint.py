@@ -139,9 +139,9 @@ def test_a_damaged_checkpoint_fails_loudly_naming_the_file(tmp_path: Path) -> No
 def test_bad_checkpoint_arguments_change_nothing(tmp_path: Path) -> None:
     with new_db(tmp_path / "db") as db:
         (tmp_path / "taken").mkdir()
-        with pytest.raises(evdb.InvalidArgumentError, match="dest: .* already exists"):
+        with pytest.raises(evdb.InvalidArgumentError, match=r"dest: .* already exists"):
             db.checkpoint(tmp_path / "taken")
-        with pytest.raises(evdb.InvalidArgumentError, match="base: .* is not a checkpoint"):
+        with pytest.raises(evdb.InvalidArgumentError, match=r"base: .* is not a checkpoint"):
             db.checkpoint(tmp_path / "x", base=tmp_path / "db")
         assert not (tmp_path / "x").exists()
 
