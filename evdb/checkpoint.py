@@ -207,10 +207,10 @@ def _write_delta(
                 buffer.append((chunk_keys[new], records.take(new).pack()))
                 buffered += int(np.count_nonzero(new))
             if buffered >= _DELTA_ROWS:
-                _save_part(out, part, buffer)
+                _save_part(out, part, buffer, table)
                 part, n_changed, buffer, buffered = part + 1, n_changed + buffered, [], 0
         if buffer:
-            _save_part(out, part, buffer)
+            _save_part(out, part, buffer, table)
             n_changed += buffered
         all_keys = np.sort(np.concatenate(keys)) if keys else np.empty(0, np.int64)
         np.save(out / "keys.npy", all_keys)
@@ -218,10 +218,17 @@ def _write_delta(
     return changed
 
 
-def _save_part(out: Path, part: int, buffer: list[tuple[np.ndarray, np.ndarray]]) -> None:
+def _save_part(
+    out: Path, part: int, buffer: list[tuple[np.ndarray, np.ndarray]], table: Any
+) -> None:
     keys = np.concatenate([k for k, _ in buffer])
     records = np.concatenate([r for _, r in buffer])
-    np.savez(out / f"rows-{part:06d}.npz", keys=keys, records=records.view(np.uint8))
+    arrays = {"keys": keys, "records": records.view(np.uint8)}
+    if table._strings is not None:  # the strings of the changed rows, as UTF-8 + ends
+        encoded = [(s or "").encode() for s in table._strings.get(keys)]
+        arrays["string_ends"] = np.cumsum([len(b) for b in encoded], dtype=np.int64)
+        arrays["strings"] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    np.savez(out / f"rows-{part:06d}.npz", allow_pickle=False, **arrays)
 
 
 def chain_of(root: Path) -> list[Path]:

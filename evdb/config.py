@@ -105,6 +105,10 @@ class TableConfig:
     """What a key without a row reads: "init" (its initializer value) or a constant."""
     dram: DramConfig = field(default_factory=DramConfig)
     """The DRAM tier."""
+    keep_strings: bool = False
+    """With ``key_type="str"``: store each row's original string (for word2vec exports);
+    two strings that hash to the same key then raise ``KeyCollisionError`` instead of
+    sharing a row. Costs a RocksDB multi-get of the batch's strings per pull."""
     disk: DiskConfig | None = field(default_factory=DiskConfig)
     """The RocksDB tier under DRAM; None = none (every row stays in DRAM, and a full DRAM
     tier drops rows; they still persist at flush)."""
@@ -129,6 +133,10 @@ class TableConfig:
                 raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}")
         if self.disk is not None and not isinstance(self.disk, DiskConfig):
             raise ConfigError(f"disk must be a DiskConfig or None, got {self.disk!r}")
+        if not isinstance(self.keep_strings, bool):
+            raise ConfigError(f"keep_strings must be a bool, got {self.keep_strings!r}")
+        if self.keep_strings and self.key_type != "str":
+            raise ConfigError("keep_strings=True needs key_type='str'")
         parse_optional_int("ttl_steps", self.ttl_steps, 0)
         if self.l2_threshold is not None and (
             isinstance(self.l2_threshold, bool)
@@ -155,6 +163,7 @@ class TableConfig:
             "ttl_steps": self.ttl_steps,
             "l2_threshold": self.l2_threshold,
             "default_value": self.default_value,
+            "keep_strings": self.keep_strings,
             "dram": {
                 "capacity_rows": self.dram.capacity_rows,
                 "eviction": self.dram.eviction,
@@ -177,6 +186,7 @@ class TableConfig:
             ttl_steps=d["ttl_steps"],
             l2_threshold=d["l2_threshold"],
             default_value=d["default_value"],
+            keep_strings=d.get("keep_strings", False),
             dram=DramConfig(**d["dram"]),
             disk=None if d["disk"] is None else DiskConfig(**d["disk"]),
         )

@@ -48,7 +48,7 @@ from evdb.keys import KeyType
 from evdb.optim import SGD, Optimizer
 from evdb.records import RecordBatch
 from evdb.table import Table
-from evdb.tiers.rocks import RocksStore, RocksTier
+from evdb.tiers.rocks import RocksStore, RocksStrings, RocksTier
 
 __all__ = ["Database", "open"]
 
@@ -61,6 +61,10 @@ CHECKPOINTS = "checkpoints"
 
 def _column_family(table: str) -> str:
     return f"t.{table}"
+
+
+def _strings_family(table: str) -> str:
+    return f"s.{table}"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -207,11 +211,18 @@ class Database:
                 if state_blob is None:
                     raise KeyError(f"table/{name}")
                 state = _npz_arrays(state_blob)
-                table = Table(self, name, config, self._backing(name, config))
+                table = Table(
+                    self, name, config, self._backing(name, config), self._strings(name, config)
+                )
                 table._load_state(state)
             except (KeyError, TypeError, ValueError) as e:
                 raise CorruptDataError(f"{self.path}: table {name!r} cannot be loaded ({e})") from e
             self._tables[name] = table
+
+    def _strings(self, name: str, config: TableConfig) -> RocksStrings | None:
+        if not config.keep_strings:
+            return None
+        return RocksStrings(self._store, _strings_family(name))
 
     def _backing(self, name: str, config: TableConfig) -> RocksTier:
         disk = config.disk or DiskConfig()
@@ -307,7 +318,10 @@ class Database:
                     compression=families.get(_column_family(name), disk.compression),
                     dtype=disk.dtype,
                 )
-                _apply_delta(tier, step / _checkpoint.DELTA / name)
+                strings = (
+                    RocksStrings(store, _strings_family(name)) if config.keep_strings else None
+                )
+                _apply_delta(tier, strings, step / _checkpoint.DELTA / name)
             old = [bytes(k).decode() for k in store.db.keys()]  # type: ignore[arg-type]
             store.delete_meta([k for k in old if k not in meta])
             store.put_meta(meta)
@@ -408,6 +422,7 @@ class Database:
         ttl_steps: int | None = None,
         l2_threshold: float | None = None,
         default_value: Literal["init"] | float = "init",
+        keep_strings: bool = False,
         dram_rows: int | None = None,
         dram: DramConfig | None = None,
         disk: bool | DiskConfig = True,
@@ -434,10 +449,11 @@ class Database:
             ttl_steps=ttl_steps,
             l2_threshold=l2_threshold,
             default_value=default_value,
+            keep_strings=keep_strings,
             dram=DramConfig(capacity_rows=dram_rows) if dram is None else dram,
             disk=_parse_disk(disk),
         )
-        table = Table(self, name, config, self._backing(name, config))
+        table = Table(self, name, config, self._backing(name, config), self._strings(name, config))
         self._tables[name] = table
         self._dropped.discard(name)
         return table
@@ -463,6 +479,7 @@ class Database:
         self.table(name)
         del self._tables[name]
         self._store.drop_column_family(_column_family(name))  # the checkpoint keeps it
+        self._store.drop_column_family(_strings_family(name))
         self._dropped.add(name)
 
     def __repr__(self) -> str:
@@ -480,7 +497,7 @@ def _parse_disk(disk: Any) -> DiskConfig | None:
     raise ConfigError(f"disk must be True, False or a DiskConfig, got {disk!r}")
 
 
-def _apply_delta(tier: RocksTier, delta: Path) -> None:
+def _apply_delta(tier: RocksTier, strings: RocksStrings | None, delta: Path) -> None:
     """Make a table's column family hold the keys of ``keys.npy``, with the changed rows."""
     keep = np.load(delta / "keys.npy")
     gone: list[np.ndarray] = []
@@ -492,10 +509,16 @@ def _apply_delta(tier: RocksTier, delta: Path) -> None:
     if gone:
         removed = np.concatenate(gone)
         tier.remove(removed, present=np.ones(removed.shape[0], dtype=bool))
+        if strings is not None:
+            strings.remove(removed)
     for part in sorted(delta.glob("rows-*.npz")):
         with np.load(part, allow_pickle=False) as z:
             records = RecordBatch.unpack(z["records"].tobytes(), tier.dim, tier.n_slots)
             keys = z["keys"]
+            if strings is not None and "strings" in z.files:
+                blob, ends = z["strings"].tobytes(), z["string_ends"].tolist()
+                starts = [0, *ends[:-1]]
+                strings.put(keys, [blob[a:b].decode() for a, b in zip(starts, ends, strict=True)])
         tier.put(keys, records, existed=np.zeros(keys.shape[0], dtype=bool))
 
 

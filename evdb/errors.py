@@ -50,5 +50,9 @@ class CorruptDataError(EvdbError, RuntimeError):
     """A file of the database is damaged or of an unknown format."""
 
 
+class KeyCollisionError(EvdbError, ValueError):
+    """Two different strings hash to the same key in a table that keeps its strings."""
+
+
 class ReadOnlyError(EvdbError, RuntimeError):
     """A write to a database opened with ``read_only=True``."""

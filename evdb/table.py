@@ -8,6 +8,7 @@ records. See the README's operations table for what each call does on a hit and 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.arrays import float_matrix
 from evdb.bags import parse_bags
 from evdb.config import TableConfig
-from evdb.errors import CapacityError, InvalidArgumentError
+from evdb.errors import CapacityError, InvalidArgumentError, KeyCollisionError
 from evdb.kernels import cpu
 from evdb.keys import normalize_keys
 from evdb.pulled import Pulled
@@ -27,6 +28,7 @@ from evdb.tiers import scoring
 from evdb.tiers.base import Tier
 from evdb.tiers.chain import TierChain
 from evdb.tiers.dram import DramTier
+from evdb.tiers.rocks import RocksStrings
 
 if TYPE_CHECKING:
     from evdb.database import Database
@@ -52,7 +54,12 @@ class Table:
     """
 
     def __init__(
-        self, db: Database, name: str, config: TableConfig, backing: Tier | None = None
+        self,
+        db: Database,
+        name: str,
+        config: TableConfig,
+        backing: Tier | None = None,
+        strings: RocksStrings | None = None,
     ) -> None:
         self._db = db
         self.name = name
@@ -75,6 +82,8 @@ class Table:
         # Names this incarnation of the table: versions restart when a table is re-created,
         # and an incremental checkpoint must not compare them across incarnations.
         self._uid = os.urandom(8).hex()
+        self._strings = strings  # the original strings, when config.keep_strings
+        self._batch_strings: tuple[Int64Array, list[Any]] | None = None
         self._counters = {"not_admitted": 0, "expired_on_pull": 0, "dropped_gradients": 0}
         self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
         self._dedup_scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
@@ -83,7 +92,58 @@ class Table:
     # -- helpers --------------------------------------------------------------------------
     def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
         self._db._check_open()
-        return normalize_keys(keys, self.config.key_type, arg=arg)
+        k = normalize_keys(keys, self.config.key_type, arg=arg)
+        if self._strings is not None:  # remember the strings behind the hashes
+            hashed = isinstance(keys, np.ndarray) and keys.dtype.kind in "iu"
+            given = None if hashed else (keys.tolist() if isinstance(keys, np.ndarray) else keys)
+            self._batch_strings = None if given is None else (k, list(given))
+        return k
+
+    def _new_strings(self, uniq: Int64Array) -> tuple[Int64Array, list[str]] | None:
+        """For a keep_strings table: the strings of the last keys given, checked against each
+        other and against the stored ones (a mismatch raises before anything changes); returns
+        the keys whose string is not stored yet, with their strings."""
+        if self._strings is None or self._batch_strings is None:
+            return None
+        hashed, given = self._batch_strings
+        by_key: dict[int, str] = {}
+        for h, s in zip(hashed.tolist(), given, strict=True):  # strings: one object each
+            if by_key.setdefault(h, s) != s:
+                raise KeyCollisionError(
+                    f"keys: {by_key[h]!r} and {s!r} hash to the same key {h}; a table that "
+                    "keeps its strings never merges two strings into one row"
+                )
+        mine = [by_key[k] for k in uniq.tolist()]
+        stored = self._strings.get(uniq)
+        for k, s, t in zip(uniq.tolist(), mine, stored, strict=True):
+            if t is not None and t != s:
+                raise KeyCollisionError(
+                    f"keys: {s!r} hashes to key {k}, which already holds {t!r}; a table "
+                    "that keeps its strings never merges two strings into one row"
+                )
+        new = [i for i, t in enumerate(stored) if t is None]
+        return uniq[new], [mine[i] for i in new]
+
+    def _store_strings(self, new: tuple[Int64Array, list[str]] | None, rows_of: Any) -> None:
+        """Store the strings of the keys among ``new`` that now have a row."""
+        if new is None or self._strings is None or new[0].shape[0] == 0:
+            return
+        keys, strings = new
+        has_row = np.isin(keys, rows_of)
+        if has_row.any():
+            self._strings.put(keys[has_row], list(itertools.compress(strings, has_row)))
+
+    def strings(self, keys: Any) -> list[str | None]:
+        """The original string of each key (None where unknown), for a table created with
+        ``keep_strings=True``."""
+        if self._strings is None:
+            raise InvalidArgumentError(
+                f"table {self.name!r} does not keep its strings (create it with "
+                "key_type='str', keep_strings=True)"
+            )
+        self._db._check_open()
+        k = normalize_keys(keys, self.config.key_type, arg="keys")
+        return self._strings.get(k)
 
     def _min_live(self) -> int:
         return scoring.min_live_step(self._db.step, self.config.ttl_steps)
@@ -422,6 +482,7 @@ class Table:
         self._db._check_writable()
         k = self._keys(keys)
         uniq, inverse, counts, found = self._dedup_rows(k)
+        new_strings = self._new_strings(uniq)
         cap = self._dram.capacity_rows
         if cap is not None and uniq.shape[0] > cap and not self._chain.spill:
             raise CapacityError(
@@ -472,6 +533,7 @@ class Table:
         if not admitted.all():
             out[~admitted] = self.defaults(uniq[~admitted])
         rows[~admitted] = -1
+        self._store_strings(new_strings, uniq[admitted])
         return Pulled(
             uniq,
             inverse,
@@ -561,6 +623,7 @@ class Table:
         k = self._keys(keys)
         v = float_matrix(values, (k.shape[0], self.dim), "values")
         uniq, inverse, _ = self._dedup(k)
+        new_strings = self._new_strings(uniq)
         last = np.zeros(uniq.shape[0], dtype=np.int64)
         np.maximum.at(last, inverse, np.arange(k.shape[0], dtype=np.int64))
         v = v[last]
@@ -585,6 +648,7 @@ class Table:
         # with one, they may go straight down to it.
         protect = None if self._chain.spill else rows
         self._chain.evict(self._db.step, self._min_live(), protect=protect)
+        self._store_strings(new_strings, uniq)
 
     def delete(self, keys: Any) -> int:
         """Remove keys' rows and pending admission counts; returns how many live rows went."""
@@ -600,6 +664,8 @@ class Table:
             if records is not None:
                 n_live += int(np.count_nonzero(records.last_step >= self._min_live()))
         self._admission.forget(uniq)
+        if self._strings is not None:
+            self._strings.remove(uniq)
         if n_live:
             self._bump_version()
         return n_live

@@ -219,6 +219,58 @@ class RocksStore:
         self._handles.clear()
         self.db.close()
 
+    def compact_range(self, column_family: str | None = None) -> None:
+        """RocksDB manual compaction of one column family's whole key range (of every column
+        family, the default one included, when None).
+
+        It rewrites the files down to the bottom level without deleted rows' tombstones and
+        overwritten versions, so the space that deletions freed goes back to the file system
+        once no checkpoint hard-links the old files (``Database.flush`` drops the previous
+        one). Blocks until done; the bottom level is rewritten too (``force_optimized``).
+        """
+        from evdb.errors import InvalidArgumentError, ReadOnlyError
+
+        if self.read_only:
+            raise ReadOnlyError(f"{self.path}: cannot compact a store opened read-only")
+        if column_family is not None and column_family not in self._compression:
+            raise InvalidArgumentError(
+                f"column_family: no column family {column_family!r} in {self.path}; "
+                f"column families: {sorted(self._compression)}"
+            )
+        opts = rocksdict.CompactOptions()
+        opts.set_bottommost_level_compaction(rocksdict.BottommostLevelCompaction.force_optimized())
+        names = sorted(self._compression) if column_family is None else [column_family]
+        try:
+            if column_family is None:
+                self.db.compact_range(None, None, opts)  # the default family: metadata
+            for name in names:
+                self.column_family(name, self._compression[name]).compact_range(None, None, opts)
+        except Exception as e:  # rocksdict raises plain Exception for I/O and corruption
+            raise CorruptDataError(f"{self.path}: RocksDB manual compaction failed ({e})") from e
+
+
+class RocksStrings:
+    """The original string of each key of a ``keep_strings`` table, in its own column family
+    (``s.<table>``): UTF-8 bytes under the same 8-byte keys as the rows."""
+
+    def __init__(self, store: RocksStore, column_family: str) -> None:
+        self.store = store
+        self.column_family = column_family
+        self.cf = store.column_family(column_family, "none")
+
+    def get(self, keys: Int64Array) -> list[str | None]:
+        if keys.shape[0] == 0:
+            return []
+        encoded: list[Any] = encode_keys(keys)
+        got: list[Any] = self.cf.get(encoded) or []
+        return [None if b is None else bytes(b).decode() for b in got]
+
+    def put(self, keys: Int64Array, strings: list[str]) -> None:
+        self.store.write_rows(self.column_family, encode_keys(keys), [s.encode() for s in strings])
+
+    def remove(self, keys: Int64Array) -> None:
+        self.store.write_rows(self.column_family, encode_keys(keys), None)
+
 
 class RocksTier(Tier):
     """One table's rows in its column family. Satisfies the ``Tier`` contract.
