@@ -8,6 +8,7 @@ from __future__ import annotations
 from evdb import admission, checkpoint, optim
 from evdb import initializers as init
 from evdb.checkpoint import verify
+from evdb.io.importer import import_vectors
 from evdb.config import DiskConfig, DramConfig, TableConfig
 from evdb.database import Database, open
 from evdb.errors import (
@@ -51,6 +52,7 @@ __all__ = [
     "admission",
     "checkpoint",
     "hash_strings",
+    "import_vectors",
     "init",
     "open",
     "optim",

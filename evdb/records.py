@@ -2,10 +2,11 @@
 
 A row record is, little-endian and packed (no padding)::
 
-    value[dim] <f4 | slots[n_slots] <f4 | freq <u4 | last_step <i8 | version <u8
+    value[dim] <f4 | slots[n_slots] <f4 | freq <u4 | last_step <i8 | version <u8 | flags u1
 
 ``freq`` counts training pulls (saturating at 2**32 - 1), ``last_step`` is the global step of the
-last pull/push/upsert, ``version`` the table-wide mutation counter when the row last changed.
+last pull/push/upsert, ``version`` the table-wide mutation counter when the row last changed,
+``flags`` per-row bits (``FROZEN``: the optimizer leaves the row as it is).
 The key is not part of the record: it is the record's address (the index key, the RocksDB key).
 
 Tiers keep the fields as separate column arrays (:class:`RecordBatch`) so kernels see plain
@@ -14,7 +15,7 @@ float32 matrices; ``pack``/``unpack`` convert a whole batch with numpy views, ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from evdb._types import Float32Array, Int64Array
 from evdb.errors import CorruptDataError
 
 FREQ_MAX = np.iinfo(np.uint32).max
+FROZEN = np.uint8(1)
+FIELDS = ("values", "slots", "freq", "last_step", "version", "flags")
+_NO_FLAGS = np.zeros(0, dtype=np.uint8)  # the default: all flags clear
 
 
 def record_dtype(dim: int, n_slots: int) -> np.dtype:
@@ -33,6 +37,7 @@ def record_dtype(dim: int, n_slots: int) -> np.dtype:
             ("freq", "<u4"),
             ("last_step", "<i8"),
             ("version", "<u8"),
+            ("flags", "u1"),
         ]
     )
 
@@ -42,7 +47,7 @@ class RecordBatch:
     """Column view of n records.
 
     values (n, dim) float32, slots (n, n_slots) float32, freq (n,) uint32,
-    last_step (n,) int64, version (n,) uint64.
+    last_step (n,) int64, version (n,) uint64, flags (n,) uint8 (zeros when not given).
     """
 
     values: Float32Array
@@ -50,6 +55,11 @@ class RecordBatch:
     freq: np.ndarray
     last_step: Int64Array
     version: np.ndarray
+    flags: np.ndarray = field(default_factory=lambda: _NO_FLAGS)
+
+    def __post_init__(self) -> None:
+        if self.flags is _NO_FLAGS:
+            self.flags = np.zeros(self.values.shape[0], dtype=np.uint8)
 
     def __len__(self) -> int:
         return int(self.values.shape[0])
@@ -62,6 +72,7 @@ class RecordBatch:
             freq=self.freq[which],
             last_step=self.last_step[which],
             version=self.version[which],
+            flags=self.flags[which],
         )
 
     def pack(self) -> np.ndarray:
@@ -72,6 +83,7 @@ class RecordBatch:
         out["freq"] = self.freq
         out["last_step"] = self.last_step
         out["version"] = self.version
+        out["flags"] = self.flags
         return out
 
     @classmethod
@@ -94,4 +106,5 @@ class RecordBatch:
             freq=data["freq"].astype(np.uint32),
             last_step=data["last_step"].astype(np.int64),
             version=data["version"].astype(np.uint64),
+            flags=data["flags"].astype(np.uint8),
         )

@@ -23,7 +23,7 @@ from evdb.errors import CapacityError, InvalidArgumentError, KeyCollisionError
 from evdb.kernels import cpu
 from evdb.keys import normalize_keys
 from evdb.pulled import Pulled
-from evdb.records import FREQ_MAX, RecordBatch
+from evdb.records import FIELDS, FREQ_MAX, FROZEN, RecordBatch
 from evdb.tiers import scoring
 from evdb.tiers.base import Tier
 from evdb.tiers.chain import TierChain
@@ -84,7 +84,12 @@ class Table:
         self._uid = os.urandom(8).hex()
         self._strings = strings  # the original strings, when config.keep_strings
         self._batch_strings: tuple[Int64Array, list[Any]] | None = None
-        self._counters = {"not_admitted": 0, "expired_on_pull": 0, "dropped_gradients": 0}
+        self._counters = {
+            "not_admitted": 0,
+            "expired_on_pull": 0,
+            "dropped_gradients": 0,
+            "frozen_gradients": 0,
+        }
         self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
         self._dedup_scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
         self._mark = np.full(0, -1, dtype=np.int32)  # unique_rows' row marks, one per slab row
@@ -298,10 +303,7 @@ class Table:
                 parts.append((at, records.take(live)))
         order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
         merged = RecordBatch(
-            *(
-                np.concatenate([getattr(p[1], f) for p in parts])[order]
-                for f in ("values", "slots", "freq", "last_step", "version")
-            )
+            *(np.concatenate([getattr(p[1], f) for p in parts])[order] for f in FIELDS)
         )
         return found, merged
 
@@ -593,6 +595,12 @@ class Table:
                 rows[gone] = back
         ok = rows >= 0
         self._counters["dropped_gradients"] += int(u - np.count_nonzero(ok))
+        frozen = np.flatnonzero(ok)
+        frozen = frozen[(self._dram.flags[rows[frozen]] & FROZEN) != 0]
+        if frozen.size:  # read by training, never changed by it
+            rows[frozen] = -1
+            ok[frozen] = False
+            self._counters["frozen_gradients"] += int(frozen.size)
         version = self._bump_version()
         self._pushes += 1
         cpu.segment_sum_apply(
@@ -613,11 +621,14 @@ class Table:
         self._chain.evict(self._db.step, self._min_live())
 
     # -- writes ---------------------------------------------------------------------------
-    def upsert(self, keys: Any, values: Any) -> None:
+    def upsert(self, keys: Any, values: Any, *, freeze: bool | None = None) -> None:
         """Set rows' values, creating rows as needed (admission is bypassed).
 
         An existing row keeps its optimizer slots and frequency; a new, re-created or expired
-        one starts with fresh slots. A key given twice takes its last value.
+        one starts with fresh slots. A key given twice takes its last value. ``freeze=True``
+        marks the rows frozen (``push`` reads them but never changes them: pre-trained
+        vectors), ``False`` unfreezes them, None leaves existing rows as they were (new rows
+        are not frozen).
         """
         self._db._check_writable()
         k = self._keys(keys)
@@ -637,12 +648,15 @@ class Table:
         self._dram.last_step[r] = self._db.step
         self._dram.version[r] = version
         self._dram.is_dirty[r] = True
+        if freeze is not None:
+            self._dram.flags[r] = FROZEN if freeze else 0
         if not have.all():
             new_keys = uniq[~have]
             zero = np.zeros(new_keys.shape[0], dtype=np.int64)
-            rows[~have] = self._chain.create(
-                new_keys, self._fresh_records(new_keys, v[~have], zero, version)
-            )
+            records = self._fresh_records(new_keys, v[~have], zero, version)
+            if freeze:
+                records.flags[:] = FROZEN
+            rows[~have] = self._chain.create(new_keys, records)
         self._admission.forget(uniq)
         # Without a disk tier, the rows just written are not victims of their own insert;
         # with one, they may go straight down to it.
@@ -728,10 +742,11 @@ class Table:
             },
             "expired_on_pull": self._counters["expired_on_pull"],
             "dropped_gradients": self._counters["dropped_gradients"],
+            "frozen_gradients": self._counters["frozen_gradients"],
         }
 
     # -- persistence (see evdb.database) ---------------------------------------------------
-    _COUNTERS = ("not_admitted", "expired_on_pull", "dropped_gradients")
+    _COUNTERS = ("not_admitted", "expired_on_pull", "dropped_gradients", "frozen_gradients")
 
     def _flush(self) -> dict[str, np.ndarray]:
         """Write every dirty row down; returns the table's state that is not rows (counters,
@@ -771,7 +786,8 @@ class Table:
             self._uid = state["uid"].tobytes().hex()
         c = state["counters"].tolist()
         self._version, self._pushes, self._dram.evictions, self._dram.expired_evictions = c[:4]
-        self._counters.update(zip(self._COUNTERS, c[4:], strict=True))
+        saved = c[4:] + [0] * (len(self._COUNTERS) - len(c[4:]))  # counters added later
+        self._counters.update(zip(self._COUNTERS, saved, strict=True))
         self._admission.load_arrays(_prefixed(state, "admission."))
         self._chain.below_steps.load_arrays(_prefixed(state, "below_steps."))
         if self._chain.backing is not None:

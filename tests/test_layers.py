@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 
 # Each layer may import the layers after it, never those before it.
 LAYERS = [
-    {"evdb.demo", "evdb.torch"},
+    {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
+    | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
     {"evdb", "evdb.database", "evdb.checkpoint"},  # "evdb" is the facade, for callers only
     {"evdb.table", "evdb.pulled"},
     {"evdb.tiers"},

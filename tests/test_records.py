@@ -13,8 +13,8 @@ from evdb.records import RecordBatch, record_dtype
 
 GOLDEN = Path(__file__).parent / "data" / "records_dim3_slots2.bin"
 FIELDS = [
-    ((1.5, -2.0, 0.25), (0.1, 7.0), 3, 42, 9),
-    ((0.0, 1e-3, -1e30), (0.0, 0.0), 2**32 - 1, -5, 2**64 - 1),
+    ((1.5, -2.0, 0.25), (0.1, 7.0), 3, 42, 9, 0),
+    ((0.0, 1e-3, -1e30), (0.0, 0.0), 2**32 - 1, -5, 2**64 - 1, 1),
 ]
 
 
@@ -25,18 +25,19 @@ def golden_batch() -> RecordBatch:
         freq=np.array([f[2] for f in FIELDS], dtype=np.uint32),
         last_step=np.array([f[3] for f in FIELDS], dtype=np.int64),
         version=np.array([f[4] for f in FIELDS], dtype=np.uint64),
+        flags=np.array([f[5] for f in FIELDS], dtype=np.uint8),
     )
 
 
 def test_record_is_packed_little_endian_in_the_documented_order() -> None:
-    assert record_dtype(3, 2).itemsize == struct.calcsize("<3f2fIqQ") == 40
+    assert record_dtype(3, 2).itemsize == struct.calcsize("<3f2fIqQB") == 41
     assert golden_batch().pack().tobytes() == GOLDEN.read_bytes()
 
 
 def test_unpack_of_golden_bytes_gives_every_field_back() -> None:
     batch = RecordBatch.unpack(GOLDEN.read_bytes(), dim=3, n_slots=2)
     want = golden_batch()
-    for name in ("values", "slots", "freq", "last_step", "version"):
+    for name in ("values", "slots", "freq", "last_step", "version", "flags"):
         np.testing.assert_array_equal(getattr(batch, name), getattr(want, name))
         assert getattr(batch, name).dtype == getattr(want, name).dtype
 
@@ -56,5 +57,5 @@ def test_round_trip_without_slots_and_empty() -> None:
 
 
 def test_truncated_bytes_are_rejected_with_the_sizes() -> None:
-    with pytest.raises(CorruptDataError, match="not a multiple of the record size 40"):
+    with pytest.raises(CorruptDataError, match="not a multiple of the record size 41"):
         RecordBatch.unpack(GOLDEN.read_bytes()[:-1], dim=3, n_slots=2)

@@ -7,6 +7,7 @@ Layout::
     values     (cap, dim)    float32               what lookups gather
     slots      (cap, k)      float32               optimizer state
     freq, last_step, version (cap,) u4, i8, u8     record metadata
+    flags                    (cap,) u1             record flags (records.FROZEN)
     is_live, is_pinned       (cap,) bool           occupancy (never a sentinel key)
     is_dirty, below          (cap,) bool           the chain's bits: changed since written
     below_step               (cap,) int64          down; the tier below holds a copy (and
@@ -39,6 +40,7 @@ _COLUMNS = (
     "freq",
     "last_step",
     "version",
+    "flags",
     "is_live",
     "is_pinned",
     "is_dirty",
@@ -64,6 +66,7 @@ class DramTier(Tier):
         self.freq = np.empty(0, dtype=np.uint32)
         self.last_step: Int64Array = np.empty(0, dtype=np.int64)
         self.version = np.empty(0, dtype=np.uint64)
+        self.flags = np.empty(0, dtype=np.uint8)
         self.is_live: BoolArray = np.zeros(0, dtype=bool)
         self.is_pinned: BoolArray = np.zeros(0, dtype=bool)
         self.is_dirty: BoolArray = np.zeros(0, dtype=bool)
@@ -156,6 +159,7 @@ class DramTier(Tier):
         self.freq[rows] = records.freq
         self.last_step[rows] = records.last_step
         self.version[rows] = records.version
+        self.flags[rows] = records.flags
 
     def read(self, rows: Int64Array) -> RecordBatch:
         return RecordBatch(
@@ -164,6 +168,7 @@ class DramTier(Tier):
             freq=self.freq[rows],
             last_step=self.last_step[rows],
             version=self.version[rows],
+            flags=self.flags[rows],
         )
 
     def remove_rows(self, rows: Int64Array) -> None:

@@ -75,6 +75,7 @@ def disk_dtype(dim: int, n_slots: int, dtype: DiskDtype) -> np.dtype:
             ("freq", "<u4"),
             ("last_step", "<i8"),
             ("version", "<u8"),
+            ("flags", "u1"),
         ]
     )
 
@@ -338,6 +339,7 @@ class RocksTier(Tier):
         out["freq"] = records.freq
         out["last_step"] = records.last_step
         out["version"] = records.version
+        out["flags"] = records.flags
         return out.view(f"V{self._record.itemsize}").tolist()  # type: ignore[no-any-return]
 
     def _unpack(self, blob: bytes) -> RecordBatch:
@@ -355,6 +357,7 @@ class RocksTier(Tier):
             freq=data["freq"].astype(np.uint32),
             last_step=data["last_step"].astype(np.int64),
             version=data["version"].astype(np.uint64),
+            flags=data["flags"].astype(np.uint8),
         )
 
     # -- Tier contract --------------------------------------------------------------------

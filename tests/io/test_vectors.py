@@ -20,7 +20,8 @@ from hypothesis.extra import numpy as hnp
 from evdb.errors import CorruptDataError, InvalidArgumentError
 from evdb.io.vectors import FORMATS, VectorHeader, read_vectors, write_vectors
 
-DATA = Path("/work/shared/data")
+_SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA = _SHARED if _SHARED.is_dir() else Path(__file__).resolve().parents[1] / "data" / "shared"
 
 # (file under DATA, format, rows, dim): the rows and dims data/README.md states.
 REAL_FILES = [
