@@ -31,7 +31,7 @@ bench: $(BIN)/python
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/ruff check evdb tests bench
+	$(BIN)/ruff check evdb tests bench tools
 	$(BIN)/mypy
 
 clean:

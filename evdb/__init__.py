@@ -8,7 +8,6 @@ from __future__ import annotations
 from evdb import admission, checkpoint, optim
 from evdb import initializers as init
 from evdb.checkpoint import verify
-from evdb.io.importer import import_vectors
 from evdb.config import DiskConfig, DramConfig, TableConfig
 from evdb.database import Database, open
 from evdb.errors import (
@@ -17,6 +16,7 @@ from evdb.errors import (
     CorruptDataError,
     DatabaseClosedError,
     DatabaseLockedError,
+    DatabaseNotFoundError,
     EvdbError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -25,6 +25,8 @@ from evdb.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from evdb.io.export import export
+from evdb.io.importer import import_vectors
 from evdb.keys import hash_strings
 from evdb.table import Pulled, Table
 
@@ -37,6 +39,7 @@ __all__ = [
     "Database",
     "DatabaseClosedError",
     "DatabaseLockedError",
+    "DatabaseNotFoundError",
     "DiskConfig",
     "DramConfig",
     "EvdbError",
@@ -51,6 +54,7 @@ __all__ = [
     "TableNotFoundError",
     "admission",
     "checkpoint",
+    "export",
     "hash_strings",
     "import_vectors",
     "init",

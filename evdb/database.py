@@ -38,6 +38,7 @@ from evdb.errors import (
     CorruptDataError,
     DatabaseClosedError,
     DatabaseLockedError,
+    DatabaseNotFoundError,
     InvalidArgumentError,
     ReadOnlyError,
     TableExistsError,
@@ -126,7 +127,7 @@ class Database:
         self._checkpoint = 0
         if read_only:
             if not (self.path / POINTER).exists():
-                raise TableNotFoundError(f"path: {self.path} is not an evdb database")
+                raise DatabaseNotFoundError(f"path: {self.path} holds no evdb database")
         else:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)

@@ -50,6 +50,10 @@ class CorruptDataError(EvdbError, RuntimeError):
     """A file of the database is damaged or of an unknown format."""
 
 
+class DatabaseNotFoundError(EvdbError, FileNotFoundError):
+    """A path that holds no evdb database (for a read-only open, or a tool)."""
+
+
 class KeyCollisionError(EvdbError, ValueError):
     """Two different strings hash to the same key in a table that keeps its strings."""
 

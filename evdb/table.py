@@ -716,6 +716,11 @@ class Table:
         forgotten = 0
         if self.config.ttl_steps is not None:
             forgotten = self._admission.compact(min_live)
+        if self._strings is not None:  # strings whose row is gone (by any rule, any time)
+            for keys in self._strings.scan_keys(65536):
+                orphans = keys[~self.contains(keys)]
+                if orphans.shape[0]:
+                    self._strings.remove(orphans)
         if n_expired or n_l2:
             self._bump_version()
         return {"expired": n_expired, "l2": n_l2, "admission_forgotten": forgotten}

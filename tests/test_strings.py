@@ -65,3 +65,16 @@ def test_checkpoints_carry_the_strings(tmp_path: Path) -> None:
         t = db.table("w")
         assert t.strings(["new", "w3", "w4", "w49"]) == ["new", "w3", None, "w49"]
         assert len(t) == 50
+
+
+def test_compact_drops_the_strings_of_rows_that_are_gone(db) -> None:
+    t = db.create_table(
+        "w", dim=2, key_type="str", keep_strings=True, ttl_steps=1, disk=False, dram_rows=3
+    )
+    t.upsert(["old", "gone1", "gone2"], np.ones((3, 2)))
+    t.upsert(["gone3"], np.ones((1, 2)))  # a full DRAM tier without disk drops a row for good
+    assert len(t) < 4  # evicted down to the low watermark
+    db.advance(2)
+    t.upsert(["new"], [[1.0, 1.0]])
+    t.compact()
+    assert t.strings(["old", "gone1", "gone2", "gone3", "new"]) == [None] * 4 + ["new"]

@@ -39,9 +39,7 @@ def _npz_chunks(src: Path, chunk_rows: int) -> tuple[int, Iterator[tuple[np.ndar
     except (OSError, ValueError, KeyError) as e:
         raise CorruptDataError(f"{src}: not an npz with 'keys' and 'values' ({e})") from e
     if keys.ndim != 1 or values.ndim != 2 or values.shape[0] != keys.shape[0]:
-        raise CorruptDataError(
-            f"{src}: keys {keys.shape} and values {values.shape} do not line up"
-        )
+        raise CorruptDataError(f"{src}: keys {keys.shape} and values {values.shape} do not line up")
     if keys.dtype.kind not in "iuU":
         raise CorruptDataError(f"{src}: keys must be integers or strings, not {keys.dtype}")
 

@@ -231,6 +231,10 @@ class TierChain:
         yield from self.cache.scan(chunk_rows)
         if not self.has_rows_below:
             return
+        high = self.cache.alloc.high_water
+        shadowed = int(np.count_nonzero(self.cache.is_live[:high] & self.cache.below[:high]))
+        if self.backing is not None and shadowed == len(self.backing):
+            return  # every row below is cached (say, after a flush): nothing left to read
         assert self.backing is not None
         for keys, records in self.backing.scan(chunk_rows):
             uncached = self.cache.locate(keys) < 0

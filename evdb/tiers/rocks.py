@@ -272,6 +272,22 @@ class RocksStrings:
     def remove(self, keys: Int64Array) -> None:
         self.store.write_rows(self.column_family, encode_keys(keys), None)
 
+    def scan_keys(self, chunk_rows: int) -> Iterator[Int64Array]:
+        """Every key that has a string, in key order, a chunk at a time."""
+        start: bytes | None = None
+        while True:
+            it = self.cf.keys(from_key=start)
+            chunk: list[Any] = list(itertools.islice(it, chunk_rows + (start is not None)))
+            del it
+            if start is not None and chunk and chunk[0] == start:
+                chunk = chunk[1:]
+            else:
+                chunk = chunk[:chunk_rows]
+            if not chunk:
+                return
+            start = chunk[-1]
+            yield decode_keys(b"".join(chunk))
+
 
 class RocksTier(Tier):
     """One table's rows in its column family. Satisfies the ``Tier`` contract.

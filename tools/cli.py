@@ -1,0 +1,504 @@
+"""The ``evdb`` command line: look after evdb databases from the shell.
+
+Usage (``evdb`` is also ``python -m evdb``)::
+
+    evdb info PATH [--json]
+    evdb compact PATH [--table T] [--ttl-steps N] [--l2-threshold X] [--min-freq K]
+                      [--step S] [--dry-run] [--json]
+    evdb export PATH DEST --format F [--table T]... [--dtype float32|float16]
+                          [--include-slots] [--json]
+    evdb import SRC PATH --table T --format F [--freeze] [--json]
+    evdb checkpoint PATH DEST [--base PREV] [--json]
+    evdb verify PATH [--json]
+
+Each subcommand is a ``cmd_<name>`` that calls the library (``evdb``, ``evdb.offline``,
+``evdb.io.export``) and prints its result: with ``--json`` one JSON object on stdout, otherwise
+a short aligned summary. Progress bars go to stderr, and only when stderr is a terminal, so
+pipes and CI logs stay quiet. Errors the library expects (``evdb.EvdbError``, a missing file)
+print one line, ``evdb: error: ...``, on stderr, with the exit code of ``EXIT_CODES``; anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+import evdb
+from evdb import offline
+from evdb.io.export import EXPORT_FORMATS, export
+from evdb.io.importer import IMPORT_FORMATS
+
+__all__ = ["EXIT_CODES", "cli", "exit_code", "main"]
+
+EXIT_CODES = """\b
+Exit codes:
+  0  success
+  1  failure: an unexpected error (with a traceback), or an expected one that is not
+     the command line's fault, such as a database another process holds (one line)
+  2  usage: a bad option or value, found by the command line or by evdb (InvalidArgument,
+     InvalidType, Config, TableExists errors)
+  3  verification failed or data corrupt (evdb.CorruptDataError)
+  4  not found: a missing path or file, an unknown table
+"""
+
+_PathArg = click.Path(path_type=Path)
+ProgressFn = Callable[[int, int], None]
+
+
+# -- errors -------------------------------------------------------------------------------
+def exit_code(error: BaseException) -> int | None:
+    """The exit code of an expected error; None for an unexpected one (a bug)."""
+    if isinstance(error, evdb.CorruptDataError):
+        return 3
+    if isinstance(error, (evdb.TableNotFoundError, FileNotFoundError)):
+        return 4
+    if isinstance(
+        error,
+        (
+            evdb.InvalidArgumentError,
+            evdb.InvalidTypeError,
+            evdb.ConfigError,
+            evdb.TableExistsError,
+        ),
+    ):
+        return 2
+    if isinstance(error, evdb.EvdbError):
+        return 1
+    return None
+
+
+class _Cli(click.Group):
+    """A group that turns expected errors into one line on stderr and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as e:
+            code = exit_code(e)
+            if code is None:  # click's own exceptions, and bugs (traceback, exit 1)
+                raise
+            message = " ".join(str(e).split()) or type(e).__name__
+            click.echo(f"evdb: error: {message}", err=True)
+            raise click.exceptions.Exit(code) from None
+
+
+# -- output -------------------------------------------------------------------------------
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _print_json(result: dict[str, Any]) -> None:
+    click.echo(json.dumps(result, default=_json_default, sort_keys=False))
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return f"{int(value):,}"
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):g}"
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, default=_json_default)
+    return str(value)
+
+
+def _print_pairs(pairs: Sequence[tuple[str, Any]]) -> None:
+    width = max((len(k) for k, _ in pairs), default=0)
+    for key, value in pairs:
+        click.echo(f"{key:<{width}}  {_fmt(value)}")
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Aligned columns: text to the left, numbers to the right."""
+    cells = [[_fmt(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
+    numeric = [
+        bool(rows) and all(isinstance(r[i], (int, float, np.number)) or r[i] is None for r in rows)
+        for i in range(len(header))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    click.echo(line(header))
+    for row in cells:
+        click.echo(line(row))
+
+
+@contextlib.contextmanager
+def _progress(label: str) -> Iterator[ProgressFn | None]:
+    """A ``progress(rows_done, rows_total)`` callback drawing a bar on stderr, or None when
+    stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    state: dict[str, Any] = {"bar": None, "seen": 0}
+
+    def update(done: int, total: int) -> None:
+        bar = state["bar"]
+        if bar is None:
+            bar = click.progressbar(length=max(total, 1), label=label, file=sys.stderr)
+            state["bar"] = bar
+        bar.length = max(total, done, 1)
+        bar.update(done - state["seen"])
+        state["seen"] = done
+
+    try:
+        yield update
+    finally:
+        if state["bar"] is not None:
+            state["bar"].render_finish()
+
+
+def _require_path(
+    path: Path, name: str = "path", what: str = "evdb database", marker: str = "evdb.json"
+) -> None:
+    """Exit 4 rather than open (and so create) a database that is not there."""
+    if not (path / marker).is_file():
+        why = "does not exist" if not path.exists() else f"has no {marker}"
+        raise FileNotFoundError(f"{name}: {path} {why}: not an {what}")
+
+
+def _manifest_bytes(manifest: dict[str, Any]) -> tuple[int, int]:
+    files = manifest.get("files", {})
+    return len(files), sum(int(f["size"]) for f in files.values())
+
+
+# -- the commands -------------------------------------------------------------------------
+@click.group(
+    cls=_Cli,
+    epilog=EXIT_CODES,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(evdb.__version__, prog_name="evdb")
+def cli() -> None:
+    """Inspect, compact, export, import, checkpoint and verify evdb databases.
+
+    PATH is a database directory (what evdb.open(PATH) opened); no command but import
+    creates one. Close it in other processes first (compact, import and checkpoint take its
+    lock; info, export and verify only read).
+    """
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead."
+)
+
+
+@cli.command("info", epilog=EXIT_CODES, short_help="Show the step and the tables.")
+@click.argument("path", type=_PathArg)
+@json_option
+def cmd_info(path: Path, as_json: bool) -> None:
+    """Show the step and each table's size and configuration.
+
+    PATH may be a database or a checkpoint; it is opened read-only (the state of its last
+    flush) and nothing changes.
+    """
+    result = offline.info(path)
+    if as_json:
+        _print_json(result)
+        return
+    ckpt = result["checkpoint"]
+    kind = "database" if ckpt is None else f"{ckpt['kind']} checkpoint"
+    pairs: list[tuple[str, Any]] = [("path", result["path"]), ("kind", kind)]
+    if ckpt is not None and "base" in ckpt:
+        pairs.append(("base", ckpt["base"]))
+    pairs += [("step", result["step"]), ("tables", len(result["tables"]))]
+    _print_pairs(pairs)
+    if not result["tables"]:
+        return
+    click.echo()
+    if ckpt is not None and ckpt["kind"] == "incremental":
+        rows = [[n, t["rows"], t["changed_rows"]] for n, t in result["tables"].items()]
+        _print_table(["table", "rows", "changed_rows"], rows)
+        return
+    header = ["table", "dim", "key_type", "rows", "on_disk", "disk_bytes", "ttl_steps"]
+    header += ["l2_threshold", "optimizer"]
+    rows = []
+    for name, t in result["tables"].items():
+        disk = t["stats"]["tiers"].get("rocksdb", {})
+        cfg = t["config"]
+        rows.append([name, t["dim"], t["key_type"], t["rows"], disk.get("rows"), disk.get("bytes")])
+        rows[-1] += [cfg["ttl_steps"], cfg["l2_threshold"], cfg["optimizer"]["kind"]]
+    _print_table(header, rows)
+
+
+@cli.command("compact", epilog=EXIT_CODES, short_help="Remove rows by rule; reclaim space.")
+@click.argument("path", type=_PathArg)
+@click.option("--table", metavar="T", help="Only this table (default: every table).")
+@click.option(
+    "--ttl-steps",
+    metavar="N",
+    type=click.IntRange(min=0),
+    help="Remove rows with step - last_step > N (default: each table's ttl_steps).",
+)
+@click.option(
+    "--l2-threshold",
+    metavar="X",
+    type=click.FloatRange(min=0.0),
+    help="Remove rows whose L2 norm is below X (default: each table's l2_threshold).",
+)
+@click.option(
+    "--min-freq",
+    metavar="K",
+    type=click.IntRange(min=0),
+    help="Remove rows pulled fewer than K times.",
+)
+@click.option(
+    "--step",
+    metavar="S",
+    type=click.IntRange(min=0),
+    help="Judge TTL at step S (default: the database's).",
+)
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; change nothing.")
+@json_option
+def cmd_compact(
+    path: Path,
+    table: str | None,
+    ttl_steps: int | None,
+    l2_threshold: float | None,
+    min_freq: int | None,
+    step: int | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Remove rows by rule from a closed database, then compact RocksDB.
+
+    A row goes if it matches any rule (TTL, L2, min freq); one matching several counts under
+    the first. Removed rows leave every tier; then RocksDB rewrites its files so the space
+    goes back to the file system.
+    """
+    with _progress("compact") as progress:
+        result = offline.compact(
+            path,
+            table,
+            ttl_steps=ttl_steps,
+            l2_threshold=l2_threshold,
+            min_freq=min_freq,
+            step=step,
+            dry_run=dry_run,
+            progress=progress,
+        )
+    if as_json:
+        _print_json(result)
+        return
+    header = ["table", "rows_before", "kept", "ttl", "l2", "min_freq"]
+    rows = [
+        [name, t["rows_before"], t["kept"], *t["removed"].values()]
+        for name, t in result["tables"].items()
+    ]
+    rows.append(["total", result["rows_before"], result["kept"], *result["removed"].values()])
+    _print_table(header, rows)
+    click.echo(f"at step {result['step']:,}" + ("; dry run: nothing changed" if dry_run else ""))
+
+
+@cli.command("export", epilog=EXIT_CODES, short_help="Export tables' live rows to files.")
+@click.argument("path", type=_PathArg)
+@click.argument("dest", type=_PathArg)
+@click.option(
+    "--format",
+    "format_",
+    type=click.Choice(EXPORT_FORMATS),
+    required=True,
+    help="serving: a read-only evdb database; npz, safetensors, parquet: keys and values "
+    "(and slots); word2vec(-binary): the tokens of a keep_strings table.",
+)
+@click.option(
+    "--table",
+    "tables",
+    metavar="T",
+    multiple=True,
+    help="Export this table (repeatable; default: all).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float16"]),
+    default="float32",
+    show_default=True,
+    help="Type of the values written (slots stay float32).",
+)
+@click.option("--include-slots", is_flag=True, help="Also write the optimizer slots.")
+@json_option
+def cmd_export(
+    path: Path,
+    dest: Path,
+    format_: str,
+    tables: tuple[str, ...],
+    dtype: str,
+    include_slots: bool,
+    as_json: bool,
+) -> None:
+    """Export the live rows of tables to the new directory DEST.
+
+    PATH is read as of its last flush (read-only, no lock). DEST gets a MANIFEST.json with
+    the checksum of every file (evdb verify DEST checks them).
+    """
+    _require_path(path)
+    with _progress("export") as progress:
+        manifest = export(
+            path,
+            dest,
+            tables=list(tables) or None,
+            format=format_,
+            dtype=dtype,
+            include_slots=include_slots,
+            progress=progress,
+        )
+    n_files, n_bytes = _manifest_bytes(manifest)
+    result: dict[str, Any] = {
+        "dest": str(dest),
+        "kind": manifest["kind"],
+        "step": manifest["step"],
+        "dtype": manifest.get("dtype", dtype),
+        "tables": manifest["tables"],
+        "files": n_files,
+        "bytes": n_bytes,
+    }
+    if as_json:
+        _print_json(result)
+        return
+    _print_pairs([(k, result[k]) for k in ("dest", "kind", "step", "dtype", "files", "bytes")])
+    if result["tables"]:
+        click.echo()
+        rows = [
+            [name, t.get("rows"), t.get("dim"), t.get("file")]
+            for name, t in result["tables"].items()
+        ]
+        _print_table(["table", "rows", "dim", "file"], rows)
+
+
+@cli.command("import", epilog=EXIT_CODES, short_help="Import vectors into a table.")
+@click.argument("src", type=_PathArg)
+@click.argument("path", type=_PathArg)
+@click.option("--table", metavar="T", required=True, help="Table to fill (created if missing).")
+@click.option(
+    "--format",
+    "format_",
+    type=click.Choice(IMPORT_FORMATS),
+    required=True,
+    help="Vector file format (npz: arrays keys and values).",
+)
+@click.option(
+    "--freeze", is_flag=True, help="Freeze the imported rows: training never changes them."
+)
+@json_option
+def cmd_import(
+    src: Path, path: Path, table: str, format_: str, freeze: bool, as_json: bool
+) -> None:
+    """Import vectors from the file SRC into a table of the database at PATH.
+
+    The database is created if missing, the table too (word formats: a str table that keeps
+    its strings).
+    """
+    if not src.is_file():
+        raise FileNotFoundError(
+            f"src: {src} {'is not a file' if src.exists() else 'does not exist'}"
+        )
+    with _progress("import") as progress, evdb.open(path) as db:
+        result = evdb.import_vectors(
+            db, table, src, format=format_, freeze=freeze, progress=progress
+        )
+    if as_json:
+        _print_json(result)
+    else:
+        _print_pairs(list(result.items()))
+
+
+@cli.command("checkpoint", epilog=EXIT_CODES, short_help="Write a checksummed checkpoint.")
+@click.argument("path", type=_PathArg)
+@click.argument("dest", type=_PathArg)
+@click.option(
+    "--base",
+    metavar="PREV",
+    type=_PathArg,
+    help="An earlier checkpoint: store only the rows changed since.",
+)
+@json_option
+def cmd_checkpoint(path: Path, dest: Path, base: Path | None, as_json: bool) -> None:
+    """Write a checksummed checkpoint of the database at PATH to DEST (full, or incremental
+    with --base)."""
+    _require_path(path)
+    if base is not None:
+        _require_path(base, "base", "evdb checkpoint", "MANIFEST.json")
+    with evdb.open(path) as db:
+        manifest = db.checkpoint(dest, base=base)
+    n_files, n_bytes = _manifest_bytes(manifest)
+    result: dict[str, Any] = {
+        "dest": str(dest),
+        "kind": manifest["kind"],
+        "step": manifest["step"],
+        "tables": {name: t["rows"] for name, t in manifest["tables"].items()},
+        "files": n_files,
+        "bytes": n_bytes,
+    }
+    if manifest["kind"] == "incremental":
+        result["base"] = manifest["base"]
+        result["changed_rows"] = manifest["changed_rows"]
+    if as_json:
+        _print_json(result)
+        return
+    pairs = [(k, result[k]) for k in ("dest", "kind", "step")]
+    if "base" in result:
+        pairs.append(("base", result["base"]))
+    pairs += [("files", n_files), ("bytes", n_bytes)]
+    _print_pairs(pairs)
+    if result["tables"]:
+        click.echo()
+        changed = result.get("changed_rows")
+        if changed is None:
+            _print_table(["table", "rows"], list(result["tables"].items()))
+        else:
+            rows = [[n, r, changed.get(n)] for n, r in result["tables"].items()]
+            _print_table(["table", "rows", "changed_rows"], rows)
+
+
+@cli.command("verify", epilog=EXIT_CODES, short_help="Check a checkpoint's or export's files.")
+@click.argument("path", type=_PathArg)
+@json_option
+def cmd_verify(path: Path, as_json: bool) -> None:
+    """Check the size and checksum of every file of the checkpoint at PATH (and of its
+    base, for an incremental one). Exit 3 names the first damaged file."""
+    _require_path(path, "path", "evdb checkpoint or export", "MANIFEST.json")
+    manifest = evdb.verify(path)
+    n_files, n_bytes = _manifest_bytes(manifest)
+    result = {
+        "path": str(path),
+        "ok": True,
+        "kind": manifest["kind"],
+        "step": manifest["step"],
+        "files": n_files,
+        "bytes": n_bytes,
+    }
+    if manifest["kind"] == "incremental":
+        result["base"] = manifest["base"]
+    if as_json:
+        _print_json(result)
+        return
+    base = f" (and its base {result['base']})" if "base" in result else ""
+    click.echo(f"OK: {n_files:,} files, {n_bytes:,} bytes checked in {path}{base}")
+
+
+def main() -> None:
+    """The ``evdb`` console script and ``python -m evdb``."""
+    cli()
