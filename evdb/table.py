@@ -8,7 +8,6 @@ records. See the README's operations table for what each call does on a hit and 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -19,11 +18,13 @@ from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.arrays import float_matrix
 from evdb.bags import parse_bags
 from evdb.config import TableConfig
-from evdb.errors import CapacityError, InvalidArgumentError, KeyCollisionError
+from evdb.dedup import Deduper
+from evdb.errors import CapacityError, InvalidArgumentError
 from evdb.kernels import cpu
 from evdb.keys import normalize_keys
 from evdb.pulled import Pulled
 from evdb.records import FIELDS, FREQ_MAX, FROZEN, RecordBatch
+from evdb.strings import StringKeeper
 from evdb.tiers import scoring
 from evdb.tiers.base import Tier
 from evdb.tiers.chain import TierChain
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from evdb.database import Database
 
 __all__ = ["Pulled", "Table"]
-
-_SMALL_SCRATCH = 1024  # slots of the dedup index a table always keeps
 
 
 class Table:
@@ -82,8 +81,8 @@ class Table:
         # Names this incarnation of the table: versions restart when a table is re-created,
         # and an incremental checkpoint must not compare them across incarnations.
         self._uid = os.urandom(8).hex()
-        self._strings = strings  # the original strings, when config.keep_strings
-        self._batch_strings: tuple[Int64Array, list[Any]] | None = None
+        # the original strings, when config.keep_strings
+        self._strings = None if strings is None else StringKeeper(strings)
         self._counters = {
             "not_admitted": 0,
             "expired_on_pull": 0,
@@ -91,52 +90,15 @@ class Table:
             "frozen_gradients": 0,
         }
         self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
-        self._dedup_scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
-        self._mark = np.full(0, -1, dtype=np.int32)  # unique_rows' row marks, one per slab row
+        self._dedup = Deduper()
 
     # -- helpers --------------------------------------------------------------------------
     def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
         self._db._check_open()
         k = normalize_keys(keys, self.config.key_type, arg=arg)
-        if self._strings is not None:  # remember the strings behind the hashes
-            hashed = isinstance(keys, np.ndarray) and keys.dtype.kind in "iu"
-            given = None if hashed else (keys.tolist() if isinstance(keys, np.ndarray) else keys)
-            self._batch_strings = None if given is None else (k, list(given))
+        if self._strings is not None:
+            self._strings.remember(k, keys)
         return k
-
-    def _new_strings(self, uniq: Int64Array) -> tuple[Int64Array, list[str]] | None:
-        """For a keep_strings table: the strings of the last keys given, checked against each
-        other and against the stored ones (a mismatch raises before anything changes); returns
-        the keys whose string is not stored yet, with their strings."""
-        if self._strings is None or self._batch_strings is None:
-            return None
-        hashed, given = self._batch_strings
-        by_key: dict[int, str] = {}
-        for h, s in zip(hashed.tolist(), given, strict=True):  # strings: one object each
-            if by_key.setdefault(h, s) != s:
-                raise KeyCollisionError(
-                    f"keys: {by_key[h]!r} and {s!r} hash to the same key {h}; a table that "
-                    "keeps its strings never merges two strings into one row"
-                )
-        mine = [by_key[k] for k in uniq.tolist()]
-        stored = self._strings.get(uniq)
-        for k, s, t in zip(uniq.tolist(), mine, stored, strict=True):
-            if t is not None and t != s:
-                raise KeyCollisionError(
-                    f"keys: {s!r} hashes to key {k}, which already holds {t!r}; a table "
-                    "that keeps its strings never merges two strings into one row"
-                )
-        new = [i for i, t in enumerate(stored) if t is None]
-        return uniq[new], [mine[i] for i in new]
-
-    def _store_strings(self, new: tuple[Int64Array, list[str]] | None, rows_of: Any) -> None:
-        """Store the strings of the keys among ``new`` that now have a row."""
-        if new is None or self._strings is None or new[0].shape[0] == 0:
-            return
-        keys, strings = new
-        has_row = np.isin(keys, rows_of)
-        if has_row.any():
-            self._strings.put(keys[has_row], list(itertools.compress(strings, has_row)))
 
     def strings(self, keys: Any) -> list[str | None]:
         """The original string of each key (None where unknown), for a table created with
@@ -164,30 +126,6 @@ class Table:
             return self.config.initializer.values(keys, self.dim)
         return np.full((keys.shape[0], self.dim), dv, dtype=np.float32)
 
-    def _fit_scratch(self, n: int) -> None:
-        """Make the dedup scratch index big enough for n keys (load <= 0.5); it is kept
-        between calls and empty between calls (the kernels clear the slots they use)."""
-        cap = self._dedup_scratch.shape[0]
-        if cap < 2 * n:
-            while cap < 2 * n:
-                cap *= 2
-            self._dedup_scratch = np.full((cap, 2), -1, dtype=np.int64)
-
-    def _dedup(self, keys: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
-        """Distinct keys in first-occurrence order, the inverse and the counts, for the bulk
-        calls (upsert, delete). Pulls use ``_dedup_rows`` and keep the scratch index for the
-        next batch (a fresh 134 MB one cost 50 ms of page faults per 2M keys); a bulk call
-        drops it back to 16 KiB afterwards, so a bulk load leaves no memory behind."""
-        n = keys.shape[0]
-        uniq = np.empty(n, dtype=np.int64)
-        inverse = np.empty(n, dtype=np.int64)
-        counts = np.zeros(n, dtype=np.int64)
-        self._fit_scratch(n)
-        u = cpu.unique_inverse(keys, self._dedup_scratch, uniq, inverse, counts)
-        if self._dedup_scratch.shape[0] > _SMALL_SCRATCH:
-            self._dedup_scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
-        return uniq[:u], inverse, counts[:u]
-
     def _expired(self, rows: Int64Array) -> BoolArray:
         """Which entries of rows (-1 = none) hold a row that has expired at db.step."""
         stale = rows >= 0
@@ -214,27 +152,6 @@ class Table:
             last_step=np.full(n, self._db.step, dtype=np.int64),
             version=np.full(n, version, dtype=np.uint64),
         )
-
-    def _dedup_rows(
-        self, keys: Int64Array
-    ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]:
-        """Like ``_dedup``, plus the row of each distinct key (-1 = none): keys are probed
-        once, and those with a row deduplicate by row number through ``_mark`` (one int32 per
-        slab row, kept empty between calls) instead of hashing."""
-        n = keys.shape[0]
-        rows_n = self._dram.locate(keys)
-        high = self._dram.alloc.high_water
-        if self._mark.shape[0] < high:
-            self._mark = np.full(max(high, 2 * self._mark.shape[0]), -1, dtype=np.int32)
-        self._fit_scratch(n)
-        uniq = np.empty(n, dtype=np.int64)
-        inverse = np.empty(n, dtype=np.int64)
-        counts = np.zeros(n, dtype=np.int64)
-        rows = np.empty(n, dtype=np.int64)
-        u = cpu.unique_rows(
-            keys, rows_n, self._mark, self._dedup_scratch, uniq, inverse, counts, rows
-        )
-        return uniq[:u], inverse, counts[:u], rows[:u]
 
     def _drop_expired(self, rows: Int64Array) -> Int64Array:
         """rows, after removing the expired ones (which then start afresh)."""
@@ -483,8 +400,10 @@ class Table:
         """
         self._db._check_writable()
         k = self._keys(keys)
-        uniq, inverse, counts, found = self._dedup_rows(k)
-        new_strings = self._new_strings(uniq)
+        uniq, inverse, counts, found = self._dedup.unique_rows(
+            k, self._dram.locate(k), self._dram.alloc.high_water
+        )
+        new_strings = None if self._strings is None else self._strings.check(uniq)
         cap = self._dram.capacity_rows
         if cap is not None and uniq.shape[0] > cap and not self._chain.spill:
             raise CapacityError(
@@ -535,7 +454,8 @@ class Table:
         if not admitted.all():
             out[~admitted] = self.defaults(uniq[~admitted])
         rows[~admitted] = -1
-        self._store_strings(new_strings, uniq[admitted])
+        if self._strings is not None:
+            self._strings.store(new_strings, uniq[admitted])
         return Pulled(
             uniq,
             inverse,
@@ -633,8 +553,8 @@ class Table:
         self._db._check_writable()
         k = self._keys(keys)
         v = float_matrix(values, (k.shape[0], self.dim), "values")
-        uniq, inverse, _ = self._dedup(k)
-        new_strings = self._new_strings(uniq)
+        uniq, inverse, _ = self._dedup.unique(k)
+        new_strings = None if self._strings is None else self._strings.check(uniq)
         last = np.zeros(uniq.shape[0], dtype=np.int64)
         np.maximum.at(last, inverse, np.arange(k.shape[0], dtype=np.int64))
         v = v[last]
@@ -662,13 +582,14 @@ class Table:
         # with one, they may go straight down to it.
         protect = None if self._chain.spill else rows
         self._chain.evict(self._db.step, self._min_live(), protect=protect)
-        self._store_strings(new_strings, uniq)
+        if self._strings is not None:
+            self._strings.store(new_strings, uniq)
 
     def delete(self, keys: Any) -> int:
         """Remove keys' rows and pending admission counts; returns how many live rows went."""
         self._db._check_writable()
         k = self._keys(keys)
-        uniq, _, _ = self._dedup(k)
+        uniq, _, _ = self._dedup.unique(k)
         rows = self._dram.locate(uniq)
         cached = rows >= 0
         n_live = int(np.count_nonzero(cached & ~self._expired(rows)))
@@ -717,10 +638,7 @@ class Table:
         if self.config.ttl_steps is not None:
             forgotten = self._admission.compact(min_live)
         if self._strings is not None:  # strings whose row is gone (by any rule, any time)
-            for keys in self._strings.scan_keys(65536):
-                orphans = keys[~self.contains(keys)]
-                if orphans.shape[0]:
-                    self._strings.remove(orphans)
+            self._strings.drop_orphans(self.contains)
         if n_expired or n_l2:
             self._bump_version()
         return {"expired": n_expired, "l2": n_l2, "admission_forgotten": forgotten}
@@ -736,9 +654,7 @@ class Table:
             "version": self._version,
             "pushes": self._pushes,
             "tiers": self._chain.stats(),
-            "scratch_bytes": int(
-                self._dedup_scratch.nbytes + self._out_rows.nbytes + self._mark.nbytes
-            ),
+            "scratch_bytes": int(self._dedup.nbytes + self._out_rows.nbytes),
             "admission": {
                 "policy": policy.kind,
                 "min_count": policy.min_count,

@@ -16,7 +16,8 @@ LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
     {"evdb", "evdb.database", "evdb.checkpoint"},  # "evdb" is the facade, for callers only
-    {"evdb.table", "evdb.pulled"},
+    {"evdb.table", "evdb.pulled", "evdb.strings"},
+    {"evdb.dedup"},
     {"evdb.tiers"},
     {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"},
     {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records", "evdb.io"},
