@@ -113,3 +113,25 @@ def test_npz_with_integer_keys_and_bad_arguments(db, tmp_path: Path) -> None:
         evdb.import_vectors(db, "n", f, "csv")
     with pytest.raises(FileNotFoundError, match="no file"):
         evdb.import_vectors(db, "n", tmp_path / "missing.txt", "glove")
+
+
+@pytest.mark.parametrize("fmt", ["word2vec", "word2vec-binary", "npz"])
+def test_export_then_import_is_bit_exact(tmp_path: Path, fmt: str) -> None:
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((300, 5)).astype(np.float32) * 1e-3
+    tokens = [f"tok{i}·é" for i in range(300)]
+    with evdb.open(tmp_path / "a") as db:
+        if fmt == "npz":
+            t = db.create_table("t", dim=5, dram_rows=20)
+            t.upsert(np.arange(300) * 7919, values)
+        else:
+            t = db.create_table("t", dim=5, key_type="str", keep_strings=True, dram_rows=20)
+            t.upsert(tokens, values)
+        out = evdb.export(db, tmp_path / "out", format=fmt)
+    src = tmp_path / "out" / out["tables"]["t"]["file"]
+    with evdb.open(tmp_path / "b") as db:
+        got = evdb.import_vectors(db, "t", src, fmt)
+        t = db.table("t")
+        assert got["rows"] == 300
+        keys = np.arange(300) * 7919 if fmt == "npz" else tokens
+        assert t.lookup(keys).tobytes() == values.tobytes()
