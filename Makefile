@@ -1,11 +1,12 @@
-# The two commands of the README: `make run` (the demo) and `make test` (the suite).
+# The two commands of the README: `make run` (the main job: examples/movielens.py) and
+# `make test` (the suite). `make demo` runs the torch-free demo (python -m evdb.demo).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned so pip takes the local CPU build instead of downloading a CUDA one.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: run test bench lint venv clean
+.PHONY: run demo test bench lint venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -14,7 +15,12 @@ $(BIN)/python:
 venv: $(BIN)/python
 	$(BIN)/pip install -q -e .
 
-run: venv
+run: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q -e .
+	$(BIN)/python examples/movielens.py
+
+demo: venv
 	$(BIN)/python -m evdb.demo
 
 test: $(BIN)/python
@@ -28,10 +34,11 @@ bench: $(BIN)/python
 	$(BIN)/python bench/bench_lookup.py
 	$(BIN)/python bench/bench_train.py
 	$(BIN)/python bench/bench_tiers.py
+	$(BIN)/python bench/bench_io.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/ruff check evdb tests bench tools
+	$(BIN)/ruff check evdb tests bench tools examples
 	$(BIN)/mypy
 
 clean:
