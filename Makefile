@@ -35,6 +35,7 @@ bench: $(BIN)/python
 	$(BIN)/python bench/bench_train.py
 	$(BIN)/python bench/bench_tiers.py
 	$(BIN)/python bench/bench_io.py
+	$(BIN)/python bench/bench_torch.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'

@@ -502,7 +502,7 @@ def _apply_delta(tier: RocksTier, strings: RocksStrings | None, delta: Path) -> 
     """Make a table's column family hold the keys of ``keys.npy``, with the changed rows."""
     keep = np.load(delta / "keys.npy")
     gone: list[np.ndarray] = []
-    for keys, _ in tier.scan(65536):
+    for keys in tier.scan_keys(65536):  # keys only: the values stay on disk
         at = np.searchsorted(keep, keys).clip(max=max(keep.shape[0] - 1, 0))
         missing = keys if keep.shape[0] == 0 else keys[keep[at] != keys]
         if missing.shape[0]:

@@ -13,6 +13,7 @@ rows created later train normally.
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,29 +32,57 @@ IMPORT_FORMATS = (*FORMATS, "npz")
 Progress = Callable[[int, int], None]
 
 
-def _npz_chunks(src: Path, chunk_rows: int) -> tuple[int, Iterator[tuple[np.ndarray, np.ndarray]]]:
-    """dim and (keys, values) chunks of an npz holding ``keys`` (n,) and ``values`` (n, dim)."""
+def _npy_member(zf: zipfile.ZipFile, name: str, src: Path) -> tuple[Any, tuple[int, ...], np.dtype]:
+    """An open .npy member of an npz, positioned at its data, with its shape and dtype (numpy
+    itself loads a member whole: an npz cannot be memory-mapped)."""
     try:
-        z = np.load(src, allow_pickle=False, mmap_mode="r")
-        keys, values = z["keys"], z["values"]
-    except (OSError, ValueError, KeyError) as e:
-        raise CorruptDataError(f"{src}: not an npz with 'keys' and 'values' ({e})") from e
-    if keys.ndim != 1 or values.ndim != 2 or values.shape[0] != keys.shape[0]:
-        raise CorruptDataError(f"{src}: keys {keys.shape} and values {values.shape} do not line up")
-    if keys.dtype.kind not in "iuU":
-        raise CorruptDataError(f"{src}: keys must be integers or strings, not {keys.dtype}")
+        f = zf.open(f"{name}.npy")
+        version = np.lib.format.read_magic(f)
+        read = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }.get(version)
+        if read is None:
+            raise ValueError(f".npy format version {version} is not supported")
+        shape, fortran, dtype = read(f)
+    except (KeyError, ValueError, OSError) as e:
+        raise CorruptDataError(f"{src}: not an npz with a readable {name!r} array ({e})") from e
+    if fortran or dtype.hasobject:
+        raise CorruptDataError(f"{src}: {name!r} must be a C-ordered numeric array")
+    return f, shape, dtype
 
-    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for start in range(0, keys.shape[0], chunk_rows):
-            v = np.asarray(values[start : start + chunk_rows], dtype=np.float32)
-            bad = ~np.isfinite(v)
-            if bad.any():
-                i, j = np.argwhere(bad)[0]
-                raise CorruptDataError(f"{src}: values[{start + i}, {j}] is not finite")
-            k = keys[start : start + chunk_rows]
-            yield (k.tolist() if k.dtype.kind == "U" else np.asarray(k, np.int64)), v
 
-    return int(values.shape[1]), chunks()
+def _npz_chunks(src: Path, chunk_rows: int) -> tuple[int, Iterator[tuple[Any, np.ndarray]]]:
+    """dim and (keys, values) chunks of an npz holding ``keys`` (n,) and ``values`` (n, dim),
+    read a chunk at a time."""
+    try:
+        zf = zipfile.ZipFile(src)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise CorruptDataError(f"{src}: not an npz ({e})") from e
+    kf, kshape, kdtype = _npy_member(zf, "keys", src)
+    vf, vshape, vdtype = _npy_member(zf, "values", src)
+    if len(kshape) != 1 or len(vshape) != 2 or vshape[0] != kshape[0]:
+        raise CorruptDataError(f"{src}: keys {kshape} and values {vshape} do not line up")
+    if kdtype.kind not in "iuU":
+        raise CorruptDataError(f"{src}: keys must be integers or strings, not {kdtype}")
+    if vdtype.kind != "f":
+        raise CorruptDataError(f"{src}: values must be floats, not {vdtype}")
+    n, dim = vshape
+
+    def chunks() -> Iterator[tuple[Any, np.ndarray]]:
+        with zf, kf, vf:
+            for start in range(0, n, chunk_rows):
+                m = min(chunk_rows, n - start)
+                k = np.frombuffer(kf.read(m * kdtype.itemsize), dtype=kdtype)
+                v = np.frombuffer(vf.read(m * dim * vdtype.itemsize), dtype=vdtype)
+                v = v.reshape(m, dim).astype(np.float32)
+                bad = ~np.isfinite(v)
+                if bad.any():
+                    i, j = np.argwhere(bad)[0]
+                    raise CorruptDataError(f"{src}: values[{start + i}, {j}] is not finite")
+                yield (k.tolist() if kdtype.kind == "U" else k.astype(np.int64)), v
+
+    return int(dim), chunks()
 
 
 def _chunks(

@@ -274,19 +274,25 @@ class RocksStrings:
 
     def scan_keys(self, chunk_rows: int) -> Iterator[Int64Array]:
         """Every key that has a string, in key order, a chunk at a time."""
-        start: bytes | None = None
-        while True:
-            it = self.cf.keys(from_key=start)
-            chunk: list[Any] = list(itertools.islice(it, chunk_rows + (start is not None)))
-            del it
-            if start is not None and chunk and chunk[0] == start:
-                chunk = chunk[1:]
-            else:
-                chunk = chunk[:chunk_rows]
-            if not chunk:
-                return
-            start = chunk[-1]
-            yield decode_keys(b"".join(chunk))
+        return scan_keys(self.cf, chunk_rows)
+
+
+def scan_keys(cf: rocksdict.Rdict, chunk_rows: int) -> Iterator[Int64Array]:
+    """The keys of a column family, in key order, a chunk at a time, without their values;
+    a fresh iterator per chunk (an open one would pin the database)."""
+    start: bytes | None = None
+    while True:
+        it = cf.keys(from_key=start)
+        chunk: list[Any] = list(itertools.islice(it, chunk_rows + (start is not None)))
+        del it
+        if start is not None and chunk and chunk[0] == start:
+            chunk = chunk[1:]
+        else:
+            chunk = chunk[:chunk_rows]
+        if not chunk:
+            return
+        start = chunk[-1]
+        yield decode_keys(b"".join(chunk))
 
 
 class RocksTier(Tier):
@@ -422,6 +428,10 @@ class RocksTier(Tier):
             self._rows -= int(gone.shape[0])
             self.counters["removes"] += int(gone.shape[0])
         return present
+
+    def scan_keys(self, chunk_rows: int) -> Iterator[Int64Array]:
+        """The stored keys in key order, without reading the records."""
+        return scan_keys(self.cf, chunk_rows)
 
     def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
         """Rows in key order, a chunk at a time. Each chunk is read by a fresh iterator that

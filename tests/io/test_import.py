@@ -135,3 +135,17 @@ def test_export_then_import_is_bit_exact(tmp_path: Path, fmt: str) -> None:
         assert got["rows"] == 300
         keys = np.arange(300) * 7919 if fmt == "npz" else tokens
         assert t.lookup(keys).tobytes() == values.tobytes()
+
+
+def test_an_npz_import_streams(db, tmp_path: Path) -> None:
+    import tracemalloc
+
+    f = tmp_path / "big.npz"
+    np.savez(f, keys=np.arange(200_000), values=np.ones((200_000, 64), np.float32))  # 51 MB
+    db.create_table("t", dim=8)  # wrong dim: the import stops after its read-only first pass
+    tracemalloc.start()
+    with pytest.raises(evdb.ConfigError, match="has dim 8"):
+        evdb.import_vectors(db, "t", f, "npz", chunk_rows=1000)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 * 2**20  # chunks of 1,000 rows, never the 51 MB of values
