@@ -178,11 +178,11 @@ def main() -> int:
     batches = draw(args, np.random.default_rng(args.seed))
     torch.manual_seed(args.seed)
     static = run_torch(args, batches)
-    dram, _ = run_evdb(args, batches, example, None)
+    dram, dram_hit = run_evdb(args, batches, example, None)
     spill, hit = run_evdb(args, batches, example, 0.1)
     rows = [
         ["torch EmbeddingBag(sparse=True), static", f"{static:,.0f}", "1.00x", "-"],
-        ["evdb, all rows in DRAM", f"{dram:,.0f}", f"{dram / static:.2f}x", "100%"],
+        ["evdb, all rows in DRAM", f"{dram:,.0f}", f"{dram / static:.2f}x", f"{dram_hit:.1%}"],
         [
             "evdb, DRAM holds 10% of the rows",
             f"{spill:,.0f}",
@@ -192,7 +192,11 @@ def main() -> int:
     ]
     print()
     print_table(["run", "examples/s", "vs torch", "item DRAM hits"], rows, first_left=1)
-    print("(aim: evdb all in DRAM >= 1.0x the static torch tables)")
+    print(
+        "(aim: evdb all in DRAM >= 1.0x the static torch tables; DRAM hits: share of each "
+        "step's distinct\n item keys found in DRAM, the misses being keys seen for the first "
+        "time (and, at 10%, rows on disk))"
+    )
     print(wall_line())
     return 0
 
