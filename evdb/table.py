@@ -508,8 +508,10 @@ class Table:
         else:
             rows = self._live_rows(pulled.keys)
             rows[~pulled.admitted] = -1
-            gone = np.flatnonzero(pulled.admitted & (rows < 0))
-            if gone.size and self._chain.has_rows_below:  # evicted since: bring them back
+            # Rows evicted since (no DRAM row at all; an expired one stays expired): bring
+            # them back from below.
+            gone = np.flatnonzero(pulled.admitted & (self._dram.locate(pulled.keys) < 0))
+            if gone.size and self._chain.has_rows_below:
                 back = rows[gone]
                 self._promote_misses(pulled.keys[gone], back)
                 rows[gone] = back
