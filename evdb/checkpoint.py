@@ -46,7 +46,9 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a rename or a new entry is durable once its directory
+    is)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -96,23 +98,6 @@ def verify(root: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def _copy_tree(src: Path, dest: Path) -> None:
-    """dest = a copy of src: immutable table files hard-linked, everything else copied."""
-    dest.mkdir(parents=True)
-    for entry in os.scandir(src):
-        target = dest / entry.name
-        if entry.is_dir():
-            _copy_tree(Path(entry.path), target)
-            continue
-        if entry.name.endswith((".sst", ".blob")):
-            try:
-                os.link(entry.path, target)
-                continue
-            except OSError:
-                pass
-        shutil.copy2(entry.path, target)
-
-
 def _finish(tmp: Path, dest: Path, manifest: dict[str, Any]) -> None:
     """Checksum every file, write the manifest, fsync everything, rename into place."""
     files = {}
@@ -121,19 +106,17 @@ def _finish(tmp: Path, dest: Path, manifest: dict[str, Any]) -> None:
             "size": path.stat().st_size,
             "xxh3_128": file_digest(path),
         }
-        fd = os.open(path, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+        fsync_path(path)
     manifest["files"] = files
     with (tmp / MANIFEST).open("w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     for d in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
-        _fsync(d)
-    _fsync(tmp)
+        fsync_path(d)
+    fsync_path(tmp)
     os.replace(tmp, dest)
-    _fsync(dest.parent)
+    fsync_path(dest.parent)
 
 
 def checkpoint(

@@ -49,7 +49,7 @@ from evdb.keys import KeyType
 from evdb.optim import SGD, Optimizer
 from evdb.records import RecordBatch
 from evdb.table import Table
-from evdb.tiers.rocks import RocksStore, RocksStrings, RocksTier
+from evdb.tiers.rocks import RocksStore, RocksStrings, RocksTier, link_or_copy_tree
 
 __all__ = ["Database", "open"]
 
@@ -66,14 +66,6 @@ def _column_family(table: str) -> str:
 
 def _strings_family(table: str) -> str:
     return f"s.{table}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
@@ -221,20 +213,10 @@ class Database:
             self._tables[name] = table
 
     def _strings(self, name: str, config: TableConfig) -> RocksStrings | None:
-        if not config.keep_strings:
-            return None
-        return RocksStrings(self._store, _strings_family(name))
+        return _rocks_strings(self._store, name, config)
 
     def _backing(self, name: str, config: TableConfig) -> RocksTier:
-        disk = config.disk or DiskConfig()
-        return RocksTier(
-            self._store,
-            _column_family(name),
-            config.dim,
-            config.optimizer.n_slots(config.dim),
-            compression=disk.compression,
-            dtype=disk.dtype,
-        )
+        return _rocks_tier(self._store, name, config)
 
     # -- lifecycle ------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -273,7 +255,7 @@ class Database:
     def _copy_current_checkpoint(self, dest: Path) -> None:
         """dest = a database directory holding the current checkpoint (just flushed)."""
         name = f"{self._checkpoint:010d}"
-        _checkpoint._copy_tree(self.path / CHECKPOINTS / name, dest / CHECKPOINTS / name)
+        link_or_copy_tree(self.path / CHECKPOINTS / name, dest / CHECKPOINTS / name)
         pointer = {
             "format": FORMAT,
             "checkpoint": name,
@@ -310,19 +292,11 @@ class Database:
                 store.drop_column_family(cf)
             for name, cfg in tables.items():
                 config = TableConfig.from_dict(cfg)
-                disk = config.disk or DiskConfig()
-                tier = RocksTier(
-                    store,
-                    _column_family(name),
-                    config.dim,
-                    config.optimizer.n_slots(config.dim),
-                    compression=families.get(_column_family(name), disk.compression),
-                    dtype=disk.dtype,
+                _apply_delta(
+                    _rocks_tier(store, name, config),
+                    _rocks_strings(store, name, config),
+                    step / _checkpoint.DELTA / name,
                 )
-                strings = (
-                    RocksStrings(store, _strings_family(name)) if config.keep_strings else None
-                )
-                _apply_delta(tier, strings, step / _checkpoint.DELTA / name)
             old = [bytes(k).decode() for k in store.db.keys()]  # type: ignore[arg-type]
             store.delete_meta([k for k in old if k not in meta])
             store.put_meta(meta)
@@ -349,7 +323,7 @@ class Database:
         number = self._checkpoint + 1
         name = f"{number:010d}"
         self._store.checkpoint(checkpoints / name)
-        _fsync_dir(checkpoints)
+        _checkpoint.fsync_path(checkpoints)
         pointer = {
             "format": FORMAT,
             "checkpoint": name,
@@ -361,7 +335,7 @@ class Database:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path / POINTER)
-        _fsync_dir(self.path)
+        _checkpoint.fsync_path(self.path)
         old = checkpoints / f"{self._checkpoint:010d}"
         self._checkpoint = number
         if old.exists():
@@ -496,6 +470,23 @@ def _parse_disk(disk: Any) -> DiskConfig | None:
     if isinstance(disk, DiskConfig):
         return disk
     raise ConfigError(f"disk must be True, False or a DiskConfig, got {disk!r}")
+
+
+def _rocks_tier(store: RocksStore, name: str, config: TableConfig) -> RocksTier:
+    """A table's rows in the store (its column family created if missing)."""
+    disk = config.disk or DiskConfig()
+    return RocksTier(
+        store,
+        _column_family(name),
+        config.dim,
+        config.optimizer.n_slots(config.dim),
+        compression=disk.compression,
+        dtype=disk.dtype,
+    )
+
+
+def _rocks_strings(store: RocksStore, name: str, config: TableConfig) -> RocksStrings | None:
+    return RocksStrings(store, _strings_family(name)) if config.keep_strings else None
 
 
 def _apply_delta(tier: RocksTier, strings: RocksStrings | None, delta: Path) -> None:

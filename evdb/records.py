@@ -28,11 +28,12 @@ FIELDS = ("values", "slots", "freq", "last_step", "version", "flags")
 _NO_FLAGS = np.zeros(0, dtype=np.uint8)  # the default: all flags clear
 
 
-def record_dtype(dim: int, n_slots: int) -> np.dtype:
-    """The packed little-endian structured dtype of one record."""
+def record_dtype(dim: int, n_slots: int, value: str = "<f4") -> np.dtype:
+    """The packed little-endian structured dtype of one record (``value="<f2"``: the same
+    layout with float16 values, which the disk tier may store)."""
     return np.dtype(
         [
-            ("value", "<f4", (dim,)),
+            ("value", value, (dim,)),
             ("slots", "<f4", (n_slots,)),
             ("freq", "<u4"),
             ("last_step", "<i8"),
@@ -75,10 +76,13 @@ class RecordBatch:
             flags=self.flags[which],
         )
 
-    def pack(self) -> np.ndarray:
-        """Return the records as a (n,) structured array of ``record_dtype`` (canonical bytes)."""
-        out = np.empty(len(self), dtype=record_dtype(self.values.shape[1], self.slots.shape[1]))
-        out["value"] = self.values
+    def pack(self, value: str = "<f4") -> np.ndarray:
+        """Return the records as a (n,) structured array of ``record_dtype`` (canonical bytes;
+        ``value`` as in ``record_dtype``, values cast to it)."""
+        dim, n_slots = self.values.shape[1], self.slots.shape[1]
+        out = np.empty(len(self), dtype=record_dtype(dim, n_slots, value))
+        with np.errstate(over="ignore"):  # float16 overflow: the disk tier counts it
+            out["value"] = self.values
         out["slots"] = self.slots
         out["freq"] = self.freq
         out["last_step"] = self.last_step
@@ -87,13 +91,17 @@ class RecordBatch:
         return out
 
     @classmethod
-    def unpack(cls, data: np.ndarray | bytes, dim: int, n_slots: int) -> RecordBatch:
-        """Read records from canonical bytes (or a structured array of ``record_dtype``)."""
-        dtype = record_dtype(dim, n_slots)
+    def unpack(
+        cls, data: np.ndarray | bytes, dim: int, n_slots: int, value: str = "<f4", where: str = ""
+    ) -> RecordBatch:
+        """Read records from canonical bytes (or a structured array of ``record_dtype``);
+        values come back float32 whatever ``value`` they were stored as. ``where`` names the
+        source in errors."""
+        dtype = record_dtype(dim, n_slots, value)
         if isinstance(data, (bytes, bytearray, memoryview)):
             if len(data) % dtype.itemsize:
                 raise CorruptDataError(
-                    f"record bytes: {len(data)} is not a multiple of the record size "
+                    f"{where}record bytes: {len(data)} is not a multiple of the record size "
                     f"{dtype.itemsize} (dim={dim}, slots={n_slots})"
                 )
             data = np.frombuffer(data, dtype=dtype)

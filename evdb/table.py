@@ -207,8 +207,8 @@ class Table:
         For checkpoints, exports and tests; changes nothing."""
         k = self._keys(keys)
         rows = self._dram.locate(k)
+        uncached = np.flatnonzero(rows < 0)  # an expired cached row hides its copy below
         rows[self._expired(rows)] = -1
-        uncached = np.flatnonzero(self._dram.locate(k) < 0)
         found = rows >= 0
         parts = [(np.flatnonzero(found), self._dram.read(rows[found]))]
         if uncached.size and self._chain.has_rows_below:

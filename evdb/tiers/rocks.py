@@ -30,7 +30,7 @@ import rocksdict
 
 from evdb._types import BoolArray, Int64Array
 from evdb.errors import CorruptDataError
-from evdb.records import RecordBatch
+from evdb.records import RecordBatch, record_dtype
 from evdb.tiers.base import Tier
 from evdb.tiers.keyfilter import KeyFilter
 
@@ -47,6 +47,7 @@ _COMPRESSION = {
     "none": rocksdict.DBCompressionType.none,
 }
 _F16_MAX = float(np.finfo(np.float16).max)
+_VALUE = {"float32": "<f4", "float16": "<f2"}  # record_dtype's value type per disk dtype
 
 # Memory RocksDB may use, whatever the table size: the shared block cache plus, per column
 # family, at most two memtables (the budget README's "Memory" section states).
@@ -67,17 +68,7 @@ def decode_keys(blob: bytes) -> Int64Array:
 
 def disk_dtype(dim: int, n_slots: int, dtype: DiskDtype) -> np.dtype:
     """The record as stored: the canonical layout, with float16 values if asked."""
-    value = "<f2" if dtype == "float16" else "<f4"
-    return np.dtype(
-        [
-            ("value", value, (dim,)),
-            ("slots", "<f4", (n_slots,)),
-            ("freq", "<u4"),
-            ("last_step", "<i8"),
-            ("version", "<u8"),
-            ("flags", "u1"),
-        ]
-    )
+    return record_dtype(dim, n_slots, _VALUE[dtype])
 
 
 def _options(compression: Compression = "lz4", cache: Any = None) -> rocksdict.Options:
@@ -94,6 +85,24 @@ def _options(compression: Compression = "lz4", cache: Any = None) -> rocksdict.O
         table.set_block_cache(cache)
     opts.set_block_based_table_factory(table)
     return opts
+
+
+def link_or_copy_tree(src: Path, dest: Path) -> None:
+    """dest = a copy of the RocksDB files under src: table files (immutable) hard-linked, the
+    small mutable ones (MANIFEST, CURRENT, OPTIONS, logs) copied."""
+    dest.mkdir(parents=True)
+    for entry in os.scandir(src):
+        target = dest / entry.name
+        if entry.is_dir():
+            link_or_copy_tree(Path(entry.path), target)
+            continue
+        if entry.name.endswith((".sst", ".blob")):
+            try:
+                os.link(entry.path, target)
+                continue
+            except OSError:  # another file system: copy instead
+                pass
+        shutil.copy2(entry.path, target)
 
 
 class RocksStore:
@@ -202,16 +211,7 @@ class RocksStore:
         tmp = dest.with_name(dest.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
-        tmp.mkdir()
-        for entry in os.scandir(checkpoint):
-            target = tmp / entry.name
-            if entry.name.endswith((".sst", ".blob")):
-                try:
-                    os.link(entry.path, target)
-                    continue
-                except OSError:  # another file system: copy instead
-                    pass
-            shutil.copy2(entry.path, target)
+        link_or_copy_tree(checkpoint, tmp)
         os.replace(tmp, dest)
 
     def close(self) -> None:
@@ -350,37 +350,16 @@ class RocksTier(Tier):
 
     # -- conversion -----------------------------------------------------------------------
     def _pack(self, records: RecordBatch) -> list[bytes]:
-        out = np.empty(len(records), dtype=self._record)
         if self.dtype == "float16":
             # A value beyond float16's range would be stored as inf: count it, never hide it.
             big = np.abs(records.values) > _F16_MAX
             self.counters["f16_overflow"] += int(np.count_nonzero(big.any(axis=1)))
-        with np.errstate(over="ignore"):  # counted above
-            out["value"] = records.values
-        out["slots"] = records.slots
-        out["freq"] = records.freq
-        out["last_step"] = records.last_step
-        out["version"] = records.version
-        out["flags"] = records.flags
+        out = records.pack(_VALUE[self.dtype])
         return out.view(f"V{self._record.itemsize}").tolist()  # type: ignore[no-any-return]
 
     def _unpack(self, blob: bytes) -> RecordBatch:
-        if len(blob) % self._record.itemsize:
-            raise CorruptDataError(
-                f"{self.store.path}: column family {self.column_family!r} holds records of "
-                f"the wrong size ({len(blob)} bytes is not a multiple of "
-                f"{self._record.itemsize})"
-            )
-        data = np.frombuffer(blob, dtype=self._record)
-        n = data.shape[0]
-        return RecordBatch(
-            values=np.ascontiguousarray(data["value"], dtype=np.float32).reshape(n, self.dim),
-            slots=np.ascontiguousarray(data["slots"], dtype=np.float32).reshape(n, self.n_slots),
-            freq=data["freq"].astype(np.uint32),
-            last_step=data["last_step"].astype(np.int64),
-            version=data["version"].astype(np.uint64),
-            flags=data["flags"].astype(np.uint8),
-        )
+        where = f"{self.store.path}, column family {self.column_family!r}: "
+        return RecordBatch.unpack(blob, self.dim, self.n_slots, _VALUE[self.dtype], where)
 
     # -- Tier contract --------------------------------------------------------------------
     def get(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch]:
