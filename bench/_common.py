@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np
@@ -153,3 +154,46 @@ def wall_line() -> str:
     """The closing line: wall time of the whole process and its peak RSS."""
     wall = time.time() - psutil.Process().create_time()
     return f"wall time {wall:.0f}s (whole process), peak RSS {fmt_gib(peak_rss())}"
+
+
+# -- shared by the tier and io benchmarks -------------------------------------------------
+VALUE_STD = 0.05  # "trained-like" values: normal(0, 0.05)
+
+
+def log(msg: str) -> None:
+    """Progress on stderr (the figures go to stdout)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def values_like_trained(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    v = rng.standard_normal((n, dim), dtype=np.float32)
+    v *= VALUE_STD
+    return v
+
+
+def fill(t: evdb.Table, keys: Any, values: np.ndarray, chunk: int = 65_536) -> None:
+    """Upsert rows a chunk at a time (as a loader would)."""
+    for start in range(0, values.shape[0], chunk):
+        t.upsert(keys[start : start + chunk], values[start : start + chunk])
+
+
+def fs_of(path: str) -> str:
+    """'<fstype> on <device>' of the mount that holds path, from /proc/mounts."""
+    path = os.path.realpath(path)
+    best = ("", "?", "?")
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, fstype = line.split()[:3]
+                inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best[0]):
+                    best = (mnt, dev, fstype)
+    except OSError:
+        pass
+    return f"{best[2]} on {best[1]}"

@@ -65,18 +65,22 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numba
 import numpy as np
 from _common import (
     cpu_line,
+    fill,
     fmt_count,
     fmt_rate,
     fmt_ratio,
+    fs_of,
+    log,
     malloc_trim,
     print_table,
     random_keys,
+    timed,
+    values_like_trained,
     versions_line,
     wall_line,
 )
@@ -88,7 +92,6 @@ from evdb.io.vectors import read_vectors, write_vectors
 TABLE = "bench"
 WORDS = "words"
 CHUNK = 65_536  # rows per upsert while building, and export's and import's chunk_rows
-VALUE_STD = 0.05  # "trained-like" values: normal(0, 0.05)
 ADAGRAD_LR = 0.05
 INT_EXPORTS = (  # (label, format, dtype)
     ("npz", "npz", "float32"),
@@ -149,27 +152,6 @@ class Report:
 
 
 # -- helpers ------------------------------------------------------------------------------
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def values_like_trained(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
-    v = rng.standard_normal((n, dim), dtype=np.float32)
-    v *= VALUE_STD
-    return v
-
-
-def fill(t: evdb.Table, keys: Any, values: np.ndarray) -> None:
-    for start in range(0, values.shape[0], CHUNK):
-        t.upsert(keys[start : start + CHUNK], values[start : start + CHUNK])
-
-
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -569,22 +551,6 @@ def print_header(args: argparse.Namespace, store: str) -> None:
         "evdb faster)",
     ]
     print("\n".join(lines))
-
-
-def fs_of(path: str) -> str:
-    """'<fstype> on <device>' of the mount that holds path, from /proc/mounts."""
-    path = os.path.realpath(path)
-    best = ("", "?", "?")
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                dev, mnt, fstype = line.split()[:3]
-                inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
-                if inside and len(mnt) >= len(best[0]):
-                    best = (mnt, dev, fstype)
-    except OSError:
-        pass
-    return f"{best[2]} on {best[1]}"
 
 
 def print_report(report: Report, args: argparse.Namespace) -> None:

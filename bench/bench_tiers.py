@@ -74,7 +74,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,13 +84,19 @@ import numba
 import numpy as np
 import rocksdict
 from _common import (
+    VALUE_STD,
     cpu_line,
+    fill,
     fmt_count,
     fmt_rate,
     fmt_ratio,
+    fs_of,
+    log,
     malloc_trim,
     print_table,
     random_keys,
+    timed,
+    values_like_trained,
     versions_line,
     wall_line,
 )
@@ -101,9 +107,7 @@ from evdb.database import WORKING
 from evdb.tiers import rocks
 
 TABLE = "bench"
-FILL_CHUNK = 65_536  # rows per upsert while building a table
 WRITE_CHUNK = 65_536  # rows per raw write batch, as evdb.tiers.rocks.RocksStore.write_rows
-VALUE_STD = 0.05  # "trained-like" values: normal(0, 0.05)
 GRAD_STD = 0.01
 TRAIN_LR = 0.05
 COLD_AIM = 0.8  # the issue's aim for cold reads: evdb / raw >= 0.8
@@ -181,27 +185,6 @@ class Report:
 
 
 # -- helpers ------------------------------------------------------------------------------
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def values_like_trained(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
-    v = rng.standard_normal((n, dim), dtype=np.float32)
-    v *= VALUE_STD
-    return v
-
-
-def fill(t: evdb.Table, keys: np.ndarray, values: np.ndarray) -> None:
-    for start in range(0, keys.shape[0], FILL_CHUNK):
-        t.upsert(keys[start : start + FILL_CHUNK], values[start : start + FILL_CHUNK])
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 @contextmanager
 def scratch_dir(parent: str | None, prefix: str) -> Iterator[Path]:
     """A fresh directory under parent, removed (with what a store left in it) afterwards."""
@@ -281,22 +264,6 @@ def packed_records(values: np.ndarray, slots: np.ndarray | None, dtype: str) -> 
     if slots is not None:
         rec["slots"] = slots
     return rec.view(f"V{layout.itemsize}").tolist()  # type: ignore[no-any-return]
-
-
-def fs_of(path: str) -> str:
-    """'<fstype> on <device>' of the mount that holds path, from /proc/mounts."""
-    path = os.path.realpath(path)
-    best = ("", "?", "?")
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                dev, mnt, fstype = line.split()[:3]
-                inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
-                if inside and len(mnt) >= len(best[0]):
-                    best = (mnt, dev, fstype)
-    except OSError:
-        pass
-    return f"{best[2]} on {best[1]}"
 
 
 # -- 1. cold reads ------------------------------------------------------------------------
