@@ -56,15 +56,23 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def read_manifest(root: Path) -> dict[str, Any] | None:
-    """The manifest of a checkpoint or export at root; None if root has none."""
-    path = root / MANIFEST
+def read_json(path: Path, what: str) -> Any:
+    """A JSON file's contents; None if it does not exist; ``CorruptDataError`` naming the file
+    (and what it should have been) if it cannot be read."""
     if not path.exists():
         return None
     try:
-        manifest = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise CorruptDataError(f"{path}: cannot read the manifest ({e})") from e
+        raise CorruptDataError(f"{path}: cannot read the {what} ({e})") from e
+
+
+def read_manifest(root: Path) -> dict[str, Any] | None:
+    """The manifest of a checkpoint or export at root; None if root has none."""
+    path = root / MANIFEST
+    manifest = read_json(path, "manifest")
+    if manifest is None:
+        return None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CorruptDataError(f"{path}: not an evdb checkpoint manifest")
     return manifest

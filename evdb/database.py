@@ -152,12 +152,9 @@ class Database:
 
     def _read_pointer(self) -> dict[str, Any] | None:
         path = self.path / POINTER
-        if not path.exists():
+        meta = _checkpoint.read_json(path, "database pointer")
+        if meta is None:
             return None
-        try:
-            meta = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise CorruptDataError(f"{path}: cannot read the database pointer ({e})") from e
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else meta
             raise CorruptDataError(f"{path}: unknown format {found!r}, expected {FORMAT!r}")
