@@ -238,6 +238,16 @@ def _combine_bag(b, rows, inverse, bounds, weights, combiner, max_norm, out):  #
     dim = rows.shape[1]
     for j in range(dim):
         out[b, j] = 0.0
+    if combiner == 0 and max_norm == np.inf:
+        # A plain sum: the scale below is float32(1.0 * w / 1.0) == w exactly, so this branch
+        # writes the same bits without a float64 division per position (20 instead of 150 us
+        # for 4,096 one-key bags of dim 16: the division kept the loop from vectorising).
+        for p in range(bounds[b], bounds[b + 1]):
+            r = inverse[p]
+            w = weights[p]
+            for j in range(dim):
+                out[b, j] += w * rows[r, j]
+        return
     div = _divisor(weights, bounds, b, combiner)
     if div == 0.0:
         return
@@ -282,6 +292,13 @@ def combine_backward(  # type: ignore[no-untyped-def]
     dim = rows.shape[1]
     out[:] = 0.0
     for b in range(bounds.shape[0] - 1):
+        if combiner == 0:  # coef below is float32(w / 1.0) == w: skip the division (3x)
+            for p in range(bounds[b], bounds[b + 1]):
+                coef = weights[p]
+                r = inverse[p]
+                for j in range(dim):
+                    out[r, j] += coef * grad_out[b, j]
+            continue
         div = _divisor(weights, bounds, b, combiner)
         if div == 0.0:
             continue
