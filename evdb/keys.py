@@ -59,7 +59,9 @@ def _integer_array(keys: Any, arg: str) -> Int64Array:
         arr = np.asarray(keys, dtype=object)  # find the first bad element as the caller wrote it
     kind = arr.dtype.kind
     if arr.dtype == np.int64:
-        return np.ascontiguousarray(arr)  # kernels take C-contiguous arrays; no copy if it is
+        # Kernels take C-contiguous, writable arrays (numba compiles read-only arrays, such
+        # as np.frombuffer's over a request body, as another type); no copy if it is one.
+        return arr if arr.flags.c_contiguous and arr.flags.writeable else np.array(arr)
     if kind == "i" or (kind == "u" and arr.dtype.itemsize < 8):
         return arr.astype(np.int64)
     if kind == "u":

@@ -20,6 +20,26 @@ def test_integer_inputs_become_int64_unchanged() -> None:
     assert normalize_keys(arr, "int64") is arr  # no copy on the hot path
 
 
+def test_read_only_and_strided_key_arrays_reach_the_kernels(tmp_path) -> None:
+    """np.frombuffer over a request body is read-only: numba types it apart, so it is copied
+    (a REST lookup of raw int64 bytes failed with a TypeError before)."""
+    import evdb
+
+    body = np.array([3, 7, 3], dtype="<i8").tobytes()
+    keys = np.frombuffer(body, dtype="<i8")
+    assert not keys.flags.writeable
+    got = normalize_keys(keys, "int64")
+    assert got.flags.writeable and got.tolist() == [3, 7, 3]
+    strided = np.arange(6, dtype=np.int64)[::2]
+    assert normalize_keys(strided, "int64").flags.c_contiguous
+    with evdb.open(tmp_path) as db:
+        t = db.create_table("t", dim=2)
+        t.upsert([3], np.ones((1, 2), np.float32))
+        np.testing.assert_array_equal(t.lookup(keys), t.lookup(keys.copy()))
+        assert t.contains(keys).tolist() == [True, False, True]
+        assert t.pull(keys).keys.tolist() == [3, 7]
+
+
 @pytest.mark.parametrize(
     "keys,error,message",
     [
