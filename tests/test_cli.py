@@ -289,11 +289,16 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_every_package_is_installed() -> None:
-    """pyproject lists the packages (tools/ maps to evdb.tools): a new one must be added."""
+    """pyproject lists the packages (tools/ maps to evdb.tools, api/ to evdb.api): a new one
+    must be added."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     found = {
         ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "evdb").rglob("__init__.py")
     }
-    assert set(config["packages"]) == found | {"evdb.tools"}
-    assert config["package-dir"] == {"evdb.tools": "tools"}
+    mapped = {"evdb.tools": "tools"}
+    for init in (ROOT / "api").rglob("__init__.py"):
+        folder = init.parent.relative_to(ROOT)
+        mapped[".".join(("evdb", *folder.parts))] = folder.as_posix()
+    assert set(config["packages"]) == found | set(mapped)
+    assert config["package-dir"] == mapped

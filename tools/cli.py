@@ -10,6 +10,8 @@ Usage (``evdb`` is also ``python -m evdb``)::
     evdb import SRC PATH --table T --format F [--freeze] [--json]
     evdb checkpoint PATH DEST [--base PREV] [--json]
     evdb verify PATH [--json]
+    evdb serve PATH [--host H] [--port P] [--workers N] [--token-file F]
+                    [--allow-root DIR]... [--max-keys K]
 
 Each subcommand is a ``cmd_<name>`` that calls the library (``evdb``, ``evdb.offline``,
 ``evdb.io.export``) and prints its result: with ``--json`` one JSON object on stdout, otherwise
@@ -497,6 +499,92 @@ def cmd_verify(path: Path, as_json: bool) -> None:
         return
     base = f" (and its base {result['base']})" if "base" in result else ""
     click.echo(f"OK: {n_files:,} files, {n_bytes:,} bytes checked in {path}{base}")
+
+
+@cli.command("serve", epilog=EXIT_CODES, short_help="Serve lookups over REST (FastAPI).")
+@click.argument("path", type=_PathArg)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1), help="Processes.")
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="File holding the bearer token of the admin endpoints (without it: no admin).",
+)
+@click.option(
+    "--allow-root",
+    "allow_roots",
+    multiple=True,
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="Directory a reload may open snapshots from (repeatable; default: PATH's parent).",
+)
+@click.option(
+    "--max-keys",
+    default=100_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Most keys in one request (more: 413).",
+)
+@click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
+def cmd_serve(
+    path: Path,
+    host: str,
+    port: int,
+    workers: int,
+    token_file: Path | None,
+    allow_roots: tuple[Path, ...],
+    max_keys: int,
+    log_level: str,
+) -> None:
+    """Serve the tables of PATH (a serving export, or a database nobody writes to) for
+    online inference: /v1 lookups (JSON or raw bytes), the KServe v2 protocol, /metrics,
+    and POST /v1/admin/reload to swap in a new export. Docs at /docs.
+
+    Needs the serve extra (pip install 'evdb[serve]'). Every worker opens PATH read-only;
+    each keeps the rows it reads in its DRAM cache.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    try:
+        import uvicorn
+        from evdb.api.settings import read_token
+    except ImportError as e:
+        raise click.UsageError(
+            f"evdb serve needs the serve extra: pip install 'evdb[serve]' ({e})"
+        ) from None
+    _require_path(path, "path", "evdb database or serving export")
+    evdb.open(path, read_only=True).close()  # fail here, once, rather than in each worker
+    if token_file is not None:
+        try:
+            read_token(token_file)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--token-file") from None
+    roots = allow_roots or (path.resolve().parent,)
+    env = {
+        "EVDB_PATH": str(path.resolve()),
+        "EVDB_ALLOW_ROOTS": os.pathsep.join(str(r.resolve()) for r in roots),
+        "EVDB_MAX_KEYS": str(max_keys),
+    }
+    if token_file is not None:
+        env["EVDB_TOKEN_FILE"] = str(token_file.resolve())
+    state_dir = tempfile.mkdtemp(prefix="evdb-serve-") if workers > 1 else None
+    if state_dir is not None:  # how a reload that one worker takes reaches the others
+        env["EVDB_STATE_FILE"] = os.path.join(state_dir, "snapshot")
+    os.environ.update(env)
+    try:
+        uvicorn.run(
+            "evdb.api:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=log_level,
+        )
+    finally:
+        if state_dir is not None:
+            shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def main() -> None:

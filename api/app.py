@@ -1,0 +1,126 @@
+"""``create_app``: the FastAPI service that serves a read-only snapshot over REST.
+
+Routes (``/docs`` has them all, generated from ``schemas``):
+
+- ``/v1/tables``, ``/v1/tables/{name}``, ``POST /v1/tables/{name}/lookup`` (JSON or bytes)
+- ``/v2/...``: the KServe v2 / Open Inference Protocol, a table being a model
+- ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus, ``evdb_*``)
+- ``POST /v1/admin/reload`` (bearer token): serve another snapshot without a failed request
+
+Handlers are ``async`` and do their table work without awaiting: a lookup of 1,000 keys from
+DRAM takes tens of microseconds, less than a hop to the thread pool, and a table is not
+shared between threads. Several worker processes (``evdb serve --workers N``) give
+parallelism; each opens the snapshot read-only.
+
+Errors: every refusal is a 4xx whose JSON names the field and first bad element
+(``{"detail": ...}``, or ``{"error": ...}`` under ``/v2`` as the protocol says). FastAPI's
+own validation handler is replaced: it echoes the input back, and can fail on what it echoes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import evdb
+
+from . import openapi
+from .codec import ApiError, dumps, validation_message
+from .metrics import Metrics, MetricsMiddleware
+from .routers import admin, health, kserve, tables
+from .settings import Settings, get_settings
+from .snapshots import Snapshot, SnapshotHolder
+
+log = logging.getLogger("evdb.api")
+
+# evdb's errors, as the status a request that caused them gets.
+STATUS = {
+    evdb.TableNotFoundError: 404,
+    evdb.DatabaseNotFoundError: 404,
+    evdb.ReadOnlyError: 409,
+    evdb.KeyCollisionError: 409,
+}
+
+
+def _error(
+    request: Request, status: int, detail: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    key = "error" if request.url.path.startswith("/v2") else "detail"
+    return Response(
+        dumps({key: detail}), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service for ``settings`` (default: from ``EVDB_*`` environment variables)."""
+    settings = settings or get_settings()
+    holder = SnapshotHolder(state_file=settings.state_file)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.path is not None:
+            holder.swap(await run_in_threadpool(Snapshot.open, settings.path))
+            holder.reloads = 0
+        yield
+        holder.close()
+
+    app = FastAPI(
+        title="evdb",
+        version=evdb.__version__,
+        description="Embedding lookups from a read-only evdb snapshot.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.holder = holder
+    app.state.metrics = Metrics(holder)
+    for router in (tables.router, kserve.router, admin.router, health.router):
+        app.include_router(router)
+    openapi.install(app)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return _error(request, exc.status, exc.detail, headers)
+
+    @app.exception_handler(evdb.EvdbError)
+    async def evdb_error(request: Request, exc: evdb.EvdbError) -> Response:
+        status = next((s for t, s in STATUS.items() if isinstance(exc, t)), 422)
+        return _error(request, status, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        return _error(request, 422, validation_message(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return _error(request, exc.status_code, str(exc.detail), exc.headers)
+
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics, holder=holder)
+    if settings.state_file is not None:
+        app.add_middleware(FollowReloads, holder=holder)
+    return app
+
+
+class FollowReloads:
+    """With several workers: before a request, serve what another worker's reload published."""
+
+    def __init__(self, app: ASGIApp, holder: SnapshotHolder) -> None:
+        self.app = app
+        self.holder = holder
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = self.holder.published_path()
+            if path is not None:
+                try:
+                    self.holder.swap(await run_in_threadpool(Snapshot.open, path))
+                except evdb.EvdbError:
+                    log.exception("cannot follow the reload to %s; serving the old snapshot", path)
+        await self.app(scope, receive, send)

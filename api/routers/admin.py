@@ -1,0 +1,53 @@
+"""``/v1/admin``: swap the served snapshot (bearer token; paths under ``--allow-root``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+import evdb
+
+from ..codec import JSON, ApiError, dumps, parse_json, read_body, validate
+from ..deps import holder_of, require_admin, settings_of
+from ..openapi import body_doc
+from ..schemas import Error, ReloadRequest, ReloadResponse
+from ..snapshots import Snapshot
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+
+def allowed(path: Path, roots: tuple[Path, ...]) -> Path:
+    """``path`` resolved (symlinks and ``..`` too), if it lies under one of ``roots``."""
+    real = path.resolve()
+    if not any(real == root or real.is_relative_to(root) for root in roots):
+        raise ApiError(403, "path: not under any --allow-root directory")
+    return real
+
+
+@router.post(
+    "/reload",
+    response_model=ReloadResponse,
+    responses={code: {"model": Error} for code in (401, 403, 404, 413, 422)},
+    openapi_extra=body_doc(ReloadRequest),
+)
+async def reload(request: Request) -> Response:
+    """Open the snapshot at ``path`` and serve it: requests in flight finish on the old one,
+    new ones see the new one; the old one closes after its last request."""
+    require_admin(request)
+    body = await read_body(request, 1 << 16)
+    req = validate(ReloadRequest, parse_json(body))
+    path = allowed(Path(req.path), settings_of(request).allow_roots)
+    try:
+        snap = await run_in_threadpool(Snapshot.open, path)
+    except evdb.DatabaseNotFoundError:
+        raise ApiError(404, "path: holds no evdb database or serving export") from None
+    except evdb.EvdbError as e:
+        raise ApiError(422, f"path: cannot be served ({type(e).__name__}: {e})") from None
+    holder = holder_of(request)
+    previous = holder.current
+    old = None if previous is None else previous.info()
+    holder.swap(snap)
+    holder.publish(path)
+    return Response(dumps({"snapshot": snap.info(), "previous": old}), media_type=JSON)

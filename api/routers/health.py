@@ -1,0 +1,37 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..codec import dumps
+from ..deps import holder_of
+from ..schemas import Status
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Status)
+async def healthz() -> Response:
+    """The process is alive (it answers)."""
+    return Response(dumps({"status": "ok"}), media_type="application/json")
+
+
+@router.get("/readyz", response_model=Status, responses={503: {"model": Status}})
+async def readyz(request: Request) -> Response:
+    """A snapshot is loaded: 200, else 503."""
+    ready = holder_of(request).current is not None
+    body = dumps({"status": "ok" if ready else "loading"})
+    return Response(body, status_code=200 if ready else 503, media_type="application/json")
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+)
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics (``evdb_*``) of this worker process."""
+    body = generate_latest(request.app.state.metrics.registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

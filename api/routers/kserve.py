@@ -1,0 +1,156 @@
+"""The Open Inference Protocol (KServe v2), a table being a model, so that existing clients
+(tritonclient's HTTP client, KServe) call evdb unchanged.
+
+A model takes one input, ``keys`` (INT64, or BYTES for a str table, of any shape S), and
+gives ``embeddings`` (FP32, S + [dim]) and ``found`` (BOOL, S). The binary tensor data
+extension is supported both ways: an input may arrive as raw bytes after the JSON header
+(``Inference-Header-Content-Length``), and outputs asked for with ``binary_data`` (or the
+request's ``binary_data_output``) leave the same way. A model's version is the snapshot's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+import evdb
+
+from ..codec import (
+    INFER_HEADER,
+    JSON,
+    OCTET,
+    ApiError,
+    decode_keys,
+    dumps,
+    encode_outputs,
+    read_body,
+    short,
+    split_infer_body,
+    validate,
+    wanted_outputs,
+)
+from ..deps import holder_of, settings_of, table_of, use_snapshot
+from ..lookup import check_count, lookup_rows
+from ..openapi import body_doc
+from ..schemas import (
+    InferError,
+    InferRequest,
+    InferResponse,
+    Live,
+    ModelMetadata,
+    ModelReady,
+    Ready,
+    ServerMetadata,
+)
+from ..snapshots import Snapshot
+
+router = APIRouter(prefix="/v2", tags=["kserve v2"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": InferError} for code in (404, 413, 422, 503)
+}
+EXTENSIONS = ["binary_tensor_data"]
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(dumps(obj), status_code=status, media_type=JSON)
+
+
+def _check_version(snap: Snapshot, version: str | None) -> None:
+    if version is not None and version != snap.version:
+        raise ApiError(
+            404, f"version: {short(version)} is not served; the snapshot is {snap.version}"
+        )
+
+
+@router.get("", response_model=ServerMetadata)
+async def server_metadata() -> Response:
+    return _json({"name": "evdb", "version": evdb.__version__, "extensions": EXTENSIONS})
+
+
+@router.get("/health/live", response_model=Live)
+async def live() -> Response:
+    return _json({"live": True})
+
+
+@router.get("/health/ready", response_model=Ready, responses={503: {"model": Ready}})
+async def ready(request: Request) -> Response:
+    loaded = holder_of(request).current is not None
+    return _json({"ready": loaded}, 200 if loaded else 503)
+
+
+@router.get("/models/{model}", response_model=ModelMetadata, responses=ERRORS)
+@router.get("/models/{model}/versions/{version}", response_model=ModelMetadata, responses=ERRORS)
+async def model_metadata(model: str, request: Request, version: str | None = None) -> Response:
+    with use_snapshot(request) as snap:
+        table = table_of(snap, model)
+        _check_version(snap, version)
+        keys = "INT64" if table.config.key_type == "int64" else "BYTES"
+        return _json(
+            {
+                "name": model,
+                "versions": [snap.version],
+                "platform": "evdb",
+                "inputs": [{"name": "keys", "datatype": keys, "shape": [-1]}],
+                "outputs": [
+                    {"name": "embeddings", "datatype": "FP32", "shape": [-1, table.dim]},
+                    {"name": "found", "datatype": "BOOL", "shape": [-1]},
+                ],
+            }
+        )
+
+
+@router.get("/models/{model}/ready", response_model=ModelReady, responses=ERRORS)
+@router.get("/models/{model}/versions/{version}/ready", response_model=ModelReady, responses=ERRORS)
+async def model_ready(model: str, request: Request, version: str | None = None) -> Response:
+    with use_snapshot(request) as snap:
+        table_of(snap, model)
+        _check_version(snap, version)
+    return _json({"name": model, "ready": True})
+
+
+INFER: dict[str, Any] = {
+    "response_model": InferResponse,
+    "responses": {
+        **ERRORS,
+        200: {
+            "content": {OCTET: {}},
+            "description": f"JSON, or (binary outputs) the JSON header of {INFER_HEADER} "
+            "bytes followed by the outputs' raw data.",
+        },
+    },
+    "openapi_extra": body_doc(
+        InferRequest, octet=f"A JSON header of {INFER_HEADER} bytes, then the inputs' raw data."
+    ),
+}
+
+
+@router.post("/models/{model}/infer", **INFER)
+@router.post("/models/{model}/versions/{version}/infer", **INFER)
+async def infer(model: str, request: Request, version: str | None = None) -> Response:
+    """Embeddings and found for the ``keys`` input, exactly ``Table.lookup``'s rows."""
+    settings = settings_of(request)
+    body = await read_body(request, settings.max_body_bytes)
+    data, binary = split_infer_body(body, request.headers.get(INFER_HEADER))
+    req = validate(InferRequest, data)
+    with use_snapshot(request) as snap:
+        table = table_of(snap, model)
+        _check_version(snap, version)
+        keys, shape = decode_keys(req.inputs, binary, table.config.key_type)
+        check_count(len(keys), settings.max_keys)
+        binary_out = wanted_outputs(req)
+        embeddings, found = lookup_rows(table, keys)
+        request.app.state.metrics.rows_served.labels(model).inc(len(keys))
+        request.app.state.metrics.keys_missing.labels(model).inc(len(keys) - int(found.sum()))
+        tensors = {
+            "embeddings": (embeddings, [*shape, table.dim], "FP32"),
+            "found": (found, shape, "BOOL"),
+        }
+        head: dict[str, Any] = {"model_name": model, "model_version": snap.version}
+    if req.id is not None:
+        head["id"] = req.id
+    head["outputs"], blob = encode_outputs(tensors, binary_out)
+    header = dumps(head)
+    if not any(binary_out.values()):
+        return Response(header, media_type=JSON)
+    return Response(header + blob, media_type=OCTET, headers={INFER_HEADER: str(len(header))})

@@ -1,0 +1,122 @@
+"""``/v1/tables``: list tables, a table's stats, and lookups (JSON or raw bytes)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+
+from ..codec import (
+    FOUND_HEADER,
+    JSON,
+    OCTET,
+    SHAPE_HEADER,
+    ApiError,
+    dumps,
+    int64_keys,
+    media_type,
+    parse_json,
+    read_body,
+    validate,
+    wants_octet,
+)
+from ..deps import settings_of, table_of, use_snapshot
+from ..lookup import check_count, lookup_rows
+from ..openapi import body_doc
+from ..schemas import (
+    Error,
+    IntLookupRequest,
+    LookupRequest,
+    LookupResponse,
+    StrLookupRequest,
+    TablesResponse,
+    TableStats,
+)
+
+router = APIRouter(prefix="/v1/tables", tags=["tables"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Error} for code in (404, 413, 415, 422, 503)
+}
+
+OCTET_KEYS = "Little-endian int64 keys, 8 bytes each (int64 tables; no bags)."
+
+
+@router.get("", response_model=TablesResponse, responses={503: {"model": Error}})
+async def list_tables(request: Request) -> Response:
+    """Every table of the snapshot: name, dim, live rows, key type, snapshot version."""
+    with use_snapshot(request) as snap:
+        tables = [
+            {
+                "name": name,
+                "dim": t.dim,
+                "rows": len(t),
+                "key_type": t.config.key_type,
+                "snapshot": snap.version,
+            }
+            for name, t in snap.tables.items()
+        ]
+        return Response(dumps({"tables": tables, "snapshot": snap.info()}), media_type=JSON)
+
+
+@router.get("/{name}", response_model=TableStats, responses=ERRORS)
+async def table_stats(name: str, request: Request) -> Response:
+    """``Table.stats()``: rows, tiers (DRAM cache hits and misses), admission, counters."""
+    with use_snapshot(request) as snap:
+        stats = table_of(snap, name).stats()
+        stats["snapshot"] = snap.version
+        return Response(dumps(stats), media_type=JSON)
+
+
+@router.post(
+    "/{name}/lookup",
+    response_model=LookupResponse,
+    responses={
+        **ERRORS,
+        200: {
+            "content": {OCTET: {}},
+            "description": f"JSON, or with `Accept: {OCTET}` the raw little-endian float32 "
+            f"matrix; its shape is in `{SHAPE_HEADER}` (rows,dim) and `{FOUND_HEADER}` holds "
+            "found as base64 of numpy.packbits(found, bitorder='little').",
+        },
+    },
+    openapi_extra=body_doc(LookupRequest, octet=OCTET_KEYS),
+)
+async def lookup(name: str, request: Request) -> Response:
+    """Rows of keys, or combined bags: exactly ``Table.lookup`` on the snapshot, plus found
+    per key. Never creates a row or counts toward admission."""
+    settings = settings_of(request)
+    body = await read_body(request, settings.max_body_bytes)
+    kind = media_type(request)
+    with use_snapshot(request) as snap:
+        table = table_of(snap, name)
+        str_keys = table.config.key_type == "str"
+        offsets = weights = combiner = None
+        if kind == OCTET:
+            if str_keys:
+                raise ApiError(415, f"body: table {name!r} has str keys; send them as JSON")
+            keys: Any = int64_keys(body)
+        elif kind == JSON:
+            data = parse_json(body)
+            if isinstance(data, dict) and isinstance(data.get("keys"), list):
+                check_count(len(data["keys"]), settings.max_keys)
+            req = validate(StrLookupRequest if str_keys else IntLookupRequest, data)
+            keys = req.keys if str_keys else np.array(req.keys, dtype=np.int64)
+            offsets, weights, combiner = req.offsets, req.weights, req.combiner
+        else:
+            raise ApiError(415, f"content-type: expected {JSON} or {OCTET}")
+        check_count(len(keys), settings.max_keys)
+        embeddings, found = lookup_rows(table, keys, offsets, weights, combiner)
+        request.app.state.metrics.rows_served.labels(name).inc(len(keys))
+        request.app.state.metrics.keys_missing.labels(name).inc(len(keys) - int(found.sum()))
+        dim = table.dim
+    if wants_octet(request):
+        packed = np.packbits(found, bitorder="little").tobytes()
+        headers = {
+            SHAPE_HEADER: f"{embeddings.shape[0]},{dim}",
+            FOUND_HEADER: base64.b64encode(packed).decode(),
+        }
+        return Response(embeddings.tobytes(), media_type=OCTET, headers=headers)
+    body = dumps({"table": name, "dim": dim, "embeddings": embeddings, "found": found})
+    return Response(body, media_type=JSON)

@@ -1,0 +1,70 @@
+"""The service's settings, read once from ``EVDB_*`` environment variables.
+
+The only place in evdb that reads the environment (STYLE.md 2.2). ``evdb serve`` sets these
+variables for its uvicorn workers; tests build a :class:`Settings` directly and pass it to
+``create_app`` (or override the ``get_settings`` dependency), as in fastapi's settings docs.
+
+=========================  ==============================================================
+variable                   meaning
+=========================  ==============================================================
+``EVDB_PATH``              the database or serving export to serve, opened read-only
+``EVDB_TOKEN_FILE``        a file holding the admin bearer token; without it, no admin
+``EVDB_ALLOW_ROOTS``       directories (``os.pathsep``-separated) reload may open from
+``EVDB_MAX_KEYS``          most keys in one request (default 100,000)
+``EVDB_STATE_FILE``        with several workers: the file through which a reload that one
+                           worker took tells the others (``evdb serve`` makes it)
+=========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+DEFAULT_MAX_KEYS = 100_000
+
+
+@dataclass(frozen=True)
+class Settings:
+    path: Path | None = None
+    token: str | None = None
+    allow_roots: tuple[Path, ...] = field(default_factory=tuple)
+    max_keys: int = DEFAULT_MAX_KEYS
+    state_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_keys < 1:
+            raise ValueError(f"max_keys must be at least 1, got {self.max_keys}")
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body read: room for max_keys keys of 20 digits with weights
+        (JSON) and offsets, so a huge body is refused before it is buffered."""
+        return 64 * self.max_keys + (1 << 20)
+
+
+def read_token(path: Path) -> str:
+    """The bearer token in ``path`` (surrounding whitespace dropped); an empty file is an
+    error, since an empty token would let anyone in."""
+    token = path.read_text().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The settings of this process, from the environment (cached: read once)."""
+    env = os.environ
+    token_file = env.get("EVDB_TOKEN_FILE")
+    roots = env.get("EVDB_ALLOW_ROOTS", "")
+    state = env.get("EVDB_STATE_FILE")
+    return Settings(
+        path=Path(env["EVDB_PATH"]) if env.get("EVDB_PATH") else None,
+        token=read_token(Path(token_file)) if token_file else None,
+        allow_roots=tuple(Path(r).resolve() for r in roots.split(os.pathsep) if r),
+        max_keys=int(env.get("EVDB_MAX_KEYS", DEFAULT_MAX_KEYS)),
+        state_file=Path(state) if state else None,
+    )
