@@ -39,7 +39,7 @@ bench: $(BIN)/python
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/ruff check evdb tests bench tools examples
+	$(BIN)/ruff check evdb tests bench tools examples api
 	$(BIN)/mypy
 
 clean:

@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.path is not None:
+        if settings.path is not None and holder.current is None:
             holder.swap(await run_in_threadpool(Snapshot.open, settings.path))
             holder.reloads = 0
         yield

@@ -549,6 +549,7 @@ def cmd_serve(
 
     try:
         import uvicorn
+
         from evdb.api.settings import read_token
     except ImportError as e:
         raise click.UsageError(

@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+
 from evdb.api import Settings, create_app
 
 from .conftest import TOKEN, WORDS
