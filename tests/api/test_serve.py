@@ -1,0 +1,92 @@
+"""``evdb serve`` as a real process on a loopback port: two workers, a real KServe client,
+and a reload that reaches both workers."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+import evdb
+
+from .conftest import TOKEN
+
+KEYS = np.array([-1000, 5, 1093], dtype=np.int64)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(snapshots, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    cmd = [sys.executable, "-m", "evdb", "serve", str(snapshots[0]), "--port", str(port)]
+    cmd += ["--workers", "2", "--token-file", str(token_file), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"evdb serve did not start: {proc.communicate()[0][-2000:]}")
+        time.sleep(0.2)
+    yield url, port
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"evdb serve did not stop on SIGINT: {out[-2000:]}")
+    assert proc.returncode == 0, out[-2000:]
+
+
+def _expected(path) -> np.ndarray:
+    with evdb.open(path, read_only=True) as db:
+        return db.table("item").lookup(KEYS)
+
+
+def test_serve_answers_then_reloads_every_worker(server, snapshots) -> None:
+    url, port = server
+    want = [_expected(p) for p in snapshots]
+    r = httpx.post(f"{url}/v1/tables/item/lookup", json={"keys": KEYS.tolist()})
+    np.testing.assert_array_equal(np.array(r.json()["embeddings"], np.float32), want[0])
+
+    tritonclient = pytest.importorskip("tritonclient.http")
+    client = tritonclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+    assert client.is_server_live() and client.is_model_ready("item")
+    assert client.get_model_metadata("item")["outputs"][0]["shape"] == [-1, 4]
+    keys = tritonclient.InferInput("keys", [len(KEYS)], "INT64")
+    keys.set_data_from_numpy(KEYS)  # binary tensor data
+    outputs = [tritonclient.InferRequestedOutput(n) for n in ("embeddings", "found")]
+    result = client.infer("item", [keys], outputs=outputs)
+    np.testing.assert_array_equal(result.as_numpy("embeddings"), want[0])
+    assert result.as_numpy("found").tolist() == [True, False, True]
+    client.close()
+
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    r = httpx.post(f"{url}/v1/admin/reload", json={"path": str(snapshots[1])}, headers=auth)
+    assert r.status_code == 200, r.text
+    for _ in range(12):  # a new connection each time: either worker may answer
+        r = httpx.post(
+            f"{url}/v1/tables/item/lookup",
+            json={"keys": KEYS.tolist()},
+            headers={"connection": "close"},
+        )
+        np.testing.assert_array_equal(np.array(r.json()["embeddings"], np.float32), want[1])
