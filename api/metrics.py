@@ -55,6 +55,34 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_TableCollector(holder))
+        # Label children, memoised: ``labels()`` takes a lock and builds a tuple on every
+        # call, several microseconds per request. The label sets are bounded (routes x
+        # tables x statuses), so these dicts are too.
+        self._served: dict[str, tuple[Any, Any]] = {}
+        self._answered: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def served(self, table: str, keys: int, missing: int) -> None:
+        children = self._served.get(table)
+        if children is None:
+            children = self._served.setdefault(
+                table, (self.rows_served.labels(table), self.keys_missing.labels(table))
+            )
+        children[0].inc(keys)
+        children[1].inc(missing)
+
+    def answered(self, endpoint: str, table: str, status: int, seconds: float) -> None:
+        key = (endpoint, table, status)
+        children = self._answered.get(key)
+        if children is None:
+            children = self._answered.setdefault(
+                key,
+                (
+                    self.requests.labels(endpoint, table, str(status)),
+                    self.latency.labels(endpoint, table),
+                ),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 class _TableCollector(Collector):
@@ -119,5 +147,4 @@ class MetricsMiddleware:
             snap = self.holder.current
             if snap is None or table not in snap.tables:
                 table = ""
-            self.metrics.requests.labels(endpoint, table, str(status[0])).inc()
-            self.metrics.latency.labels(endpoint, table).observe(time.perf_counter() - start)
+            self.metrics.answered(endpoint, table, status[0], time.perf_counter() - start)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request, Response
 
 import evdb
@@ -109,26 +110,31 @@ async def model_ready(model: str, request: Request, version: str | None = None) 
     return _json({"name": model, "ready": True})
 
 
-INFER: dict[str, Any] = {
-    "response_model": InferResponse,
-    "responses": {
-        **ERRORS,
-        200: {
-            "content": {OCTET: {}},
-            "description": f"JSON, or (binary outputs) the JSON header of {INFER_HEADER} "
-            "bytes followed by the outputs' raw data.",
+def _infer_doc(*path: str) -> dict[str, Any]:
+    return {
+        "response_model": InferResponse,
+        "responses": {
+            **ERRORS,
+            200: {
+                "content": {OCTET: {}},
+                "description": f"JSON, or (binary outputs) the JSON header of {INFER_HEADER} "
+                "bytes followed by the outputs' raw data.",
+            },
         },
-    },
-    "openapi_extra": body_doc(
-        InferRequest, octet=f"A JSON header of {INFER_HEADER} bytes, then the inputs' raw data."
-    ),
-}
+        "openapi_extra": body_doc(
+            InferRequest,
+            octet=f"A JSON header of {INFER_HEADER} bytes, then the inputs' raw data.",
+            path=path,
+        ),
+    }
 
 
-@router.post("/models/{model}/infer", **INFER)
-@router.post("/models/{model}/versions/{version}/infer", **INFER)
-async def infer(model: str, request: Request, version: str | None = None) -> Response:
+@router.post("/models/{model}/infer", **_infer_doc("model"))
+@router.post("/models/{model}/versions/{version}/infer", **_infer_doc("model", "version"))
+async def infer(request: Request) -> Response:
     """Embeddings and found for the ``keys`` input, exactly ``Table.lookup``'s rows."""
+    model: str = request.path_params["model"]
+    version: str | None = request.path_params.get("version")
     settings = settings_of(request)
     body = await read_body(request, settings.max_body_bytes)
     data, binary = split_infer_body(body, request.headers.get(INFER_HEADER))
@@ -140,8 +146,7 @@ async def infer(model: str, request: Request, version: str | None = None) -> Res
         check_count(len(keys), settings.max_keys)
         binary_out = wanted_outputs(req)
         embeddings, found = lookup_rows(table, keys)
-        request.app.state.metrics.rows_served.labels(model).inc(len(keys))
-        request.app.state.metrics.keys_missing.labels(model).inc(len(keys) - int(found.sum()))
+        request.app.state.metrics.served(model, len(keys), len(keys) - int(np.count_nonzero(found)))
         tensors = {
             "embeddings": (embeddings, [*shape, table.dim], "FP32"),
             "found": (found, shape, "BOOL"),

@@ -81,11 +81,12 @@ async def table_stats(name: str, request: Request) -> Response:
             "found as base64 of numpy.packbits(found, bitorder='little').",
         },
     },
-    openapi_extra=body_doc(LookupRequest, octet=OCTET_KEYS),
+    openapi_extra=body_doc(LookupRequest, octet=OCTET_KEYS, path=("name",)),
 )
-async def lookup(name: str, request: Request) -> Response:
+async def lookup(request: Request) -> Response:
     """Rows of keys, or combined bags: exactly ``Table.lookup`` on the snapshot, plus found
     per key. Never creates a row or counts toward admission."""
+    name: str = request.path_params["name"]
     settings = settings_of(request)
     body = await read_body(request, settings.max_body_bytes)
     kind = media_type(request)
@@ -108,8 +109,7 @@ async def lookup(name: str, request: Request) -> Response:
             raise ApiError(415, f"content-type: expected {JSON} or {OCTET}")
         check_count(len(keys), settings.max_keys)
         embeddings, found = lookup_rows(table, keys, offsets, weights, combiner)
-        request.app.state.metrics.rows_served.labels(name).inc(len(keys))
-        request.app.state.metrics.keys_missing.labels(name).inc(len(keys) - int(found.sum()))
+        request.app.state.metrics.served(name, len(keys), len(keys) - int(np.count_nonzero(found)))
         dim = table.dim
     if wants_octet(request):
         packed = np.packbits(found, bitorder="little").tobytes()
