@@ -27,6 +27,7 @@ from evdb.kernels.cpu._common import (
 )
 
 GATHER_CHUNK = 32  # keys whose misses probe_gather overlaps (16-128 measured the same)
+FIND_AHEAD = 16  # keys between hash_find's prefetch of a home slot and its probe
 
 
 @njit(i8(i8, i8), inline="always", **OPTS)
@@ -50,8 +51,16 @@ def _probe_from(slots, mask, key, j):  # type: ignore[no-untyped-def]
 # load the serial build from the cache (measured: 6.6M keys/s instead of 19M).
 @njit(types.void(I8_2D, I8, I8), **OPTS)
 def _hash_find_serial(slots, keys, out):  # type: ignore[no-untyped-def]
+    # Prefetch the home slot FIND_AHEAD keys ahead, so the misses of an index larger than the
+    # caches overlap (a probe's exit branch otherwise serialises them): 4,096 keys into a
+    # 1M-slot index, 220 -> 150 us.
     mask = slots.shape[0] - 1
-    for i in range(keys.shape[0]):
+    n = keys.shape[0]
+    for i in range(min(FIND_AHEAD, n)):
+        prefetch(slots, _home(keys[i], mask), 0)
+    for i in range(n):
+        if i + FIND_AHEAD < n:
+            prefetch(slots, _home(keys[i + FIND_AHEAD], mask), 0)
         out[i] = _probe_from(slots, mask, keys[i], _home(keys[i], mask))
 
 
