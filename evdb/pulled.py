@@ -9,7 +9,7 @@ import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.arrays import float_matrix
-from evdb.bags import parse_bags
+from evdb.bags import Bags, parse_bags
 from evdb.kernels import cpu
 
 __all__ = ["Pulled"]
@@ -69,7 +69,13 @@ class Pulled:
         to ``pull`` (torch.nn.EmbeddingBag's convention), per-key ``weights`` (n,),
         ``combiner`` "sum" | "mean" (default) | "sqrtn", ``max_norm`` clipping each row first.
         """
-        bags = parse_bags(self.inverse.shape[0], offsets, weights, combiner, max_norm)
+        return self._combine(
+            parse_bags(self.inverse.shape[0], offsets, weights, combiner, max_norm)
+        )
+
+    def _combine(self, bags: Bags) -> Float32Array:
+        """``combine`` with its arguments already parsed (the torch binding parses them once
+        for the forward and the backward of a step)."""
         out = np.empty((bags.n_bags, self.rows.shape[1]), dtype=np.float32)
         cpu.gather_combine(
             self.rows, self.inverse, bags.bounds, bags.weights, bags.combiner, bags.max_norm, out
@@ -88,6 +94,10 @@ class Pulled:
         ``keys``, ready for ``Table.push``. ``grad_out`` (B, dim) is d loss / d combine(...);
         the other arguments must be those given to ``combine``."""
         bags = parse_bags(self.inverse.shape[0], offsets, weights, combiner, max_norm)
+        return self._combine_backward(grad_out, bags)
+
+    def _combine_backward(self, grad_out: Any, bags: Bags) -> Float32Array:
+        """``combine_backward`` with the bag arguments already parsed."""
         g = float_matrix(grad_out, (bags.n_bags, self.rows.shape[1]), "grad_out")
         out = np.empty_like(self.rows)
         cpu.combine_backward(

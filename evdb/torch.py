@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from evdb.bags import parse_offsets
+from evdb.bags import parse_bags, parse_offsets
 from evdb.pulled import Pulled
 from evdb.table import Table
 
@@ -89,15 +89,18 @@ class _PullCombine(torch.autograd.Function):
         sync: Any,
     ) -> torch.Tensor:
         w = None if weights is None else weights.detach().to(torch.float32).cpu().numpy()
+        # the bag arguments are checked before the pull changes anything, and parsed once for
+        # the forward and the backward
+        bags = parse_bags(keys.shape[0], offsets, w, mode, max_norm)
         pulled = table.pull(keys)
-        ctx.state = (table, pulled, offsets, w, mode, max_norm, sync)
-        return torch.from_numpy(pulled.combine(offsets, w, mode, max_norm))
+        ctx.state = (table, pulled, bags, offsets, max_norm, sync)
+        return torch.from_numpy(pulled._combine(bags))
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        table, pulled, offsets, w, mode, max_norm, sync = ctx.state
+        table, pulled, bags, offsets, max_norm, sync = ctx.state
         g = grad_out.detach().to(torch.float32).contiguous().cpu().numpy()
-        grads = pulled.combine_backward(g, offsets, w, mode, max_norm)
+        grads = pulled._combine_backward(g, bags)
         sync(table)
         table.push(pulled, grads)
         grad_w = None
