@@ -1,12 +1,15 @@
-# The two commands of the README: `make run` (the main job: examples/movielens.py) and
-# `make test` (the suite). `make demo` runs the torch-free demo (python -m evdb.demo).
+# The two commands of the README: `make run` (the main job: examples/movielens.py, which ends
+# by serving its snapshot over REST once) and `make test` (the suite). `make serve` serves the
+# example's snapshot until Ctrl-C; `make demo` runs the torch-free demo (python -m evdb.demo).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned so pip takes the local CPU build instead of downloading a CUDA one.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: run demo test bench lint venv clean
+EXAMPLE_OUT := .evdb-example
+
+.PHONY: run serve demo test bench lint venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,8 +20,12 @@ venv: $(BIN)/python
 
 run: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_PIN)
-	$(BIN)/pip install -q -e .
-	$(BIN)/python examples/movielens.py
+	$(BIN)/pip install -q -e '.[serve]'
+	$(BIN)/python examples/movielens.py --out $(EXAMPLE_OUT)
+
+serve: $(BIN)/python
+	$(BIN)/pip install -q -e '.[serve]'
+	$(BIN)/evdb serve $(EXAMPLE_OUT)/serving --port 8000
 
 demo: venv
 	$(BIN)/python -m evdb.demo
@@ -29,13 +36,14 @@ test: $(BIN)/python
 	$(BIN)/python -m pytest -q
 
 bench: $(BIN)/python
-	$(BIN)/pip install -q $(TORCH_PIN) psutil
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q $(TORCH_PIN) psutil redis
+	$(BIN)/pip install -q -e '.[serve]'
 	$(BIN)/python bench/bench_lookup.py
 	$(BIN)/python bench/bench_train.py
 	$(BIN)/python bench/bench_tiers.py
 	$(BIN)/python bench/bench_io.py
 	$(BIN)/python bench/bench_torch.py
+	$(BIN)/python bench/bench_rest.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
@@ -43,4 +51,4 @@ lint: $(BIN)/python
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache $(EXAMPLE_OUT)

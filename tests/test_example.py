@@ -30,3 +30,6 @@ def test_the_example_learns_and_its_serving_export_scores_the_same(
     disk = [int(d.replace(",", "")) for d in re.findall(r"disk ([0-9,]+),", out)]
     assert disk[-1] > 0  # rows spilled to RocksDB
     assert (tmp_path / "checkpoint" / "MANIFEST.json").exists()
+    if importlib.util.find_spec("fastapi") is not None:  # the serve extra: it served over REST
+        assert "equal to the snapshot read directly: True" in out
+        assert "curl -s -X POST localhost:8000/v1/tables/item/lookup" in out
