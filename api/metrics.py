@@ -6,16 +6,24 @@ client-chosen string, so a client cannot grow the number of series. Request coun
 latencies are recorded by :class:`MetricsMiddleware` (plain ASGI: a ``BaseHTTPMiddleware``
 costs a task per request); table figures (rows, DRAM cache hits and misses) are read from
 ``Table.stats()`` when Prometheus scrapes.
+
+With several workers (``evdb serve --workers N``), prometheus-client's multiprocess mode keeps
+each process's counters and histograms in files that :meth:`Metrics.exposition` sums, so a
+scrape sees every worker whichever answers it; the table figures, which each worker reads from
+its own tables, then carry a ``worker`` label (its pid).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,7 +35,8 @@ BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 
 
 class Metrics:
-    def __init__(self, holder: SnapshotHolder) -> None:
+    def __init__(self, holder: SnapshotHolder, multiprocess_dir: Path | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "evdb_requests",
@@ -54,12 +63,23 @@ class Metrics:
             ["table"],
             registry=self.registry,
         )
-        self.registry.register(_TableCollector(holder))
+        self.tables = _TableCollector(holder, worker=multiprocess_dir is not None)
+        self.registry.register(self.tables)
         # Label children, memoised: ``labels()`` takes a lock and builds a tuple on every
         # call, several microseconds per request. The label sets are bounded (routes x
         # tables x statuses), so these dicts are too.
         self._served: dict[str, tuple[Any, Any]] = {}
         self._answered: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def exposition(self) -> bytes:
+        """The text format of every metric: this process's, or with several workers the sum
+        of all of theirs (and each worker's table figures)."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
+        registry.register(self.tables)
+        return generate_latest(registry)
 
     def served(self, table: str, keys: int, missing: int) -> None:
         children = self._served.get(table)
@@ -88,30 +108,34 @@ class Metrics:
 class _TableCollector(Collector):
     """Figures read from the snapshot's tables at scrape time."""
 
-    def __init__(self, holder: SnapshotHolder) -> None:
+    def __init__(self, holder: SnapshotHolder, worker: bool) -> None:
         self.holder = holder
+        self.worker = [str(os.getpid())] if worker else []
 
     def collect(self) -> Iterator[Metric]:
-        rows = GaugeMetricFamily("evdb_table_rows", "Live rows, by table.", labels=["table"])
+        by = ["table", "worker"] if self.worker else ["table"]
+        rows = GaugeMetricFamily("evdb_table_rows", "Live rows, by table.", labels=by)
         hits = CounterMetricFamily(
-            "evdb_cache_hits", "Keys found in the DRAM cache, by table.", labels=["table"]
+            "evdb_cache_hits", "Keys found in the DRAM cache, by table.", labels=by
         )
         misses = CounterMetricFamily(
             "evdb_cache_misses",
             "Keys not in the DRAM cache (read from RocksDB or absent), by table.",
-            labels=["table"],
+            labels=by,
         )
-        reloads = CounterMetricFamily("evdb_snapshot_reloads", "Snapshots swapped in.")
-        reloads.add_metric([], self.holder.reloads)
+        reloads = CounterMetricFamily(
+            "evdb_snapshot_reloads", "Snapshots swapped in.", labels=by[1:]
+        )
+        reloads.add_metric(self.worker, self.holder.reloads)
         snap = self.holder.acquire()
         if snap is not None:
             try:
                 for name, table in snap.tables.items():
                     stats = table.stats()
                     dram = stats["tiers"]["dram"]
-                    rows.add_metric([name], stats["rows"])
-                    hits.add_metric([name], dram["hits"])
-                    misses.add_metric([name], dram["misses"])
+                    rows.add_metric([name, *self.worker], stats["rows"])
+                    hits.add_metric([name, *self.worker], dram["hits"])
+                    misses.add_metric([name, *self.worker], dram["misses"])
             finally:
                 self.holder.release(snap)
         yield from (rows, hits, misses, reloads)

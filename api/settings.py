@@ -13,6 +13,8 @@ variable                   meaning
 ``EVDB_MAX_KEYS``          most keys in one request (default 100,000)
 ``EVDB_STATE_FILE``        with several workers: the file through which a reload that one
                            worker took tells the others (``evdb serve`` makes it)
+``PROMETHEUS_MULTIPROC_    with several workers: prometheus-client's folder of per-process
+DIR``                      metric files, which ``/metrics`` sums (``evdb serve`` makes it)
 =========================  ==============================================================
 """
 
@@ -33,6 +35,7 @@ class Settings:
     allow_roots: tuple[Path, ...] = field(default_factory=tuple)
     max_keys: int = DEFAULT_MAX_KEYS
     state_file: Path | None = None
+    metrics_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.max_keys < 1:
@@ -61,10 +64,12 @@ def get_settings() -> Settings:
     token_file = env.get("EVDB_TOKEN_FILE")
     roots = env.get("EVDB_ALLOW_ROOTS", "")
     state = env.get("EVDB_STATE_FILE")
+    metrics_dir = env.get("PROMETHEUS_MULTIPROC_DIR")
     return Settings(
         path=Path(env["EVDB_PATH"]) if env.get("EVDB_PATH") else None,
         token=read_token(Path(token_file)) if token_file else None,
         allow_roots=tuple(Path(r).resolve() for r in roots.split(os.pathsep) if r),
         max_keys=int(env.get("EVDB_MAX_KEYS", DEFAULT_MAX_KEYS)),
         state_file=Path(state) if state else None,
+        metrics_dir=Path(metrics_dir) if metrics_dir else None,
     )

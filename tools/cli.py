@@ -573,6 +573,9 @@ def cmd_serve(
     state_dir = tempfile.mkdtemp(prefix="evdb-serve-") if workers > 1 else None
     if state_dir is not None:  # how a reload that one worker takes reaches the others
         env["EVDB_STATE_FILE"] = os.path.join(state_dir, "snapshot")
+        # prometheus-client's multiprocess mode: /metrics sums the workers' metric files
+        env["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(state_dir, "metrics")
+        os.mkdir(env["PROMETHEUS_MULTIPROC_DIR"])
     os.environ.update(env)
     try:
         uvicorn.run(

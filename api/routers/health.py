@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..codec import dumps
 from ..deps import holder_of
@@ -32,6 +32,5 @@ async def readyz(request: Request) -> Response:
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
 )
 async def metrics(request: Request) -> Response:
-    """Prometheus metrics (``evdb_*``) of this worker process."""
-    body = generate_latest(request.app.state.metrics.registry)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
+    """Prometheus metrics (``evdb_*``), summed over the workers."""
+    return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

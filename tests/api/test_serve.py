@@ -90,3 +90,10 @@ def test_serve_answers_then_reloads_every_worker(server, snapshots) -> None:
             headers={"connection": "close"},
         )
         np.testing.assert_array_equal(np.array(r.json()["embeddings"], np.float32), want[1])
+
+    # /metrics sums the two workers, whichever answers: 13 v1 lookups of 3 keys in all
+    text = httpx.get(f"{url}/metrics", headers={"connection": "close"}).text
+    route = 'evdb_requests_total{endpoint="/v1/tables/{name}/lookup",status="200",table="item"}'
+    counted = [line for line in text.splitlines() if line.startswith(route)]
+    assert counted and float(counted[0].split()[-1]) == 13.0, counted
+    assert 'evdb_rows_served_total{table="item"} 42.0' in text  # and 3 by the v2 infer
