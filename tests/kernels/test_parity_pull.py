@@ -74,3 +74,32 @@ def test_stamp_pushed_matches_reference(rng, n_rows, u) -> None:
     frozen[have] = (base["flags"][rows[have]] & FROZEN) != 0
     assert outs[0][0] == (int(np.count_nonzero(~have)), int(np.count_nonzero(frozen)))
     np.testing.assert_array_equal(outs[0][1], np.where(frozen, -1, rows))
+
+
+@pytest.mark.parametrize("admission", [None, "counter"])
+def test_pull_dedups_the_same_either_way(tmp_path, monkeypatch, rng, admission) -> None:
+    # Table.pull deduplicates small batches before probing the index and big ones by row after
+    # probing every key; both ways must give the same Pulled and leave the same rows.
+    import evdb
+    import evdb.table
+
+    batches = [rng.integers(0, 3000, int(rng.integers(1, 5000))) for _ in range(8)]
+    results = []
+    for limit in (evdb.table._DEDUP_FIRST, 0):
+        monkeypatch.setattr(evdb.table, "_DEDUP_FIRST", limit)
+        with evdb.open(tmp_path / f"db{limit}") as db:
+            opts = {} if admission is None else {"admission": evdb.admission.Counter(min_count=2)}
+            t = db.create_table("t", dim=3, **opts)
+            seen = []
+            for keys in batches:
+                p = t.pull(keys)
+                t.push(p, np.ones((p.keys.shape[0], 3)))
+                seen.append((p.keys, p.inverse, p.counts, p.admitted, p.rows))
+                db.advance()
+            results.append((seen, t.lookup(np.arange(3000)), len(t)))
+    (a, va, na), (b, vb, nb) = results
+    assert na == nb
+    np.testing.assert_array_equal(va, vb)
+    for x, y in zip(a, b, strict=True):
+        for u, v in zip(x, y, strict=True):
+            np.testing.assert_array_equal(u, v)
