@@ -379,6 +379,19 @@ class EmbeddingBagCollection(nn.Module):
             by_table.setdefault(self.tables[name].name, []).append(name)
         for names in by_table.values():  # one pull and push per table: concatenate its bags
             table = self.tables[names[0]]
+            if len(names) == 1:  # a table of its own: its bags as they are (no copy, no split)
+                k, off, w = feats[names[0]]
+                results[names[0]] = _embed(
+                    self,
+                    table,
+                    k,
+                    off,
+                    None if w is None else w.reshape(-1).to(torch.float32),
+                    self.mode,
+                    self.max_norm,
+                    self.fused_optimizer.sync,
+                )
+                continue
             keys, offs, ws, splits, base = [], [], [], [], 0
             for name in names:
                 k, off, w = feats[name]

@@ -1,7 +1,8 @@
 """Numba row bookkeeping of ``Table.pull`` and ``Table.push`` (see ``reference.stamp``): one pass
 over the batch's rows instead of a numpy fancy-index read and write per metadata column
-(measured in the bench_torch model, 2,700 distinct keys a call: 40 -> 5 us a pull). Private
-helpers of the table, not in the kernel registry."""
+(bench_torch's model: 42 -> 29 us a pull, 46 -> 28 us a push; what is left is the cache misses
+on the four columns of rows scattered over the slab). Private helpers of the table, not in the
+kernel registry."""
 
 from __future__ import annotations
 
