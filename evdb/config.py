@@ -1,7 +1,7 @@
 """Frozen, validated, I/O-free table configuration: one dataclass per concern.
 
-A tier is present or absent (``TableConfig.dram`` today; ``hbm`` and ``rocks`` arrive with their
-tiers), never switched on by a flag. "Off" and "forever" are spelled ``None``.
+A tier is present or absent (``TableConfig.hbm`` and ``TableConfig.disk`` are a config or None),
+never switched on by a flag. "Off" and "forever" are spelled ``None``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from evdb import optim as _optim
 from evdb.errors import ConfigError
 from evdb.keys import KEY_TYPES, KeyType
 
-__all__ = ["DiskConfig", "DramConfig", "TableConfig"]
+__all__ = ["DiskConfig", "DramConfig", "HbmConfig", "TableConfig"]
 
 Eviction = Literal["lfu", "lru"]
 DiskDtype = Literal["float32", "float16"]
 Compression = Literal["lz4", "zstd", "none"]
+HbmDevice = int | Literal["cpu"]
 MAX_DIM = 65536
 
 
@@ -56,6 +57,51 @@ class DramConfig:
             raise ConfigError(
                 f"dram.evict_fraction must be a float in [0, 1), got {self.evict_fraction!r}"
             )
+
+
+def parse_device(name: str, value: Any) -> HbmDevice:
+    if value != "cpu" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError(f"{name} must be a CUDA device number >= 0 or 'cpu', got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class HbmConfig:
+    """The HBM tier on top of the chain: a bounded cache of the hot rows over the DRAM tier
+    (which then holds what HBM has no room for). Its victims are chosen by the DRAM tier's
+    policy (``DramConfig.eviction``, ``half_life_steps``, ``evict_fraction``)."""
+
+    capacity_rows: int
+    """Most rows the tier holds (the batch in flight may exceed it until its push)."""
+    device: HbmDevice = 0
+    """The CUDA device the rows live on, or "cpu": emulated HBM, the HBM caching logic run on
+    the CPU (numpy columns and the cpu kernels), for tests and CI without a GPU."""
+
+    def __post_init__(self) -> None:
+        if parse_optional_int("hbm.capacity_rows", self.capacity_rows, 1) is None:
+            raise ConfigError("hbm.capacity_rows must be an int >= 1, got None")
+        parse_device("hbm.device", self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"capacity_rows": self.capacity_rows, "device": self.device}
+
+
+def parse_hbm(hbm_rows: Any, device: Any, hbm: Any) -> HbmConfig | None:
+    """The HBM tier ``create_table``'s flat arguments ask for (None: no HBM tier)."""
+    if hbm is not None:
+        if hbm_rows is not None or device is not None:
+            raise ConfigError("pass hbm_rows (and device) or hbm=HbmConfig(...), not both")
+        if not isinstance(hbm, HbmConfig):
+            raise ConfigError(f"hbm must be an HbmConfig or None, got {hbm!r}")
+        return hbm
+    if hbm_rows is None:
+        if device is not None:
+            raise ConfigError(f"device={device!r} needs hbm_rows (the size of the HBM tier)")
+        return None
+    parse_optional_int("hbm_rows", hbm_rows, 1)
+    if device is not None:
+        parse_device("device", device)
+    return HbmConfig(capacity_rows=hbm_rows, device=0 if device is None else device)
 
 
 @dataclass(frozen=True)
@@ -112,6 +158,8 @@ class TableConfig:
     disk: DiskConfig | None = field(default_factory=DiskConfig)
     """The RocksDB tier under DRAM; None = none (every row stays in DRAM, and a full DRAM
     tier drops rows; they still persist at flush)."""
+    hbm: HbmConfig | None = None
+    """The HBM tier on top of DRAM; None = none (DRAM is the top tier)."""
 
     def __post_init__(self) -> None:
         if (
@@ -133,6 +181,14 @@ class TableConfig:
                 raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}")
         if self.disk is not None and not isinstance(self.disk, DiskConfig):
             raise ConfigError(f"disk must be a DiskConfig or None, got {self.disk!r}")
+        if self.hbm is not None and not isinstance(self.hbm, HbmConfig):
+            raise ConfigError(f"hbm must be an HbmConfig or None, got {self.hbm!r}")
+        if self.hbm is not None and self.disk is None and self.dram.capacity_rows is not None:
+            raise ConfigError(
+                f"hbm with disk=None needs an unbounded DRAM tier (dram.capacity_rows=None, got "
+                f"{self.dram.capacity_rows}): DRAM is then the bottom tier, and a bottom tier that "
+                "drops rows would drop rows the HBM tier caches"
+            )
         if not isinstance(self.keep_strings, bool):
             raise ConfigError(f"keep_strings must be a bool, got {self.keep_strings!r}")
         if self.keep_strings and self.key_type != "str":
@@ -173,6 +229,7 @@ class TableConfig:
             "disk": None
             if self.disk is None
             else {"dtype": self.disk.dtype, "compression": self.disk.compression},
+            "hbm": None if self.hbm is None else self.hbm.to_dict(),
         }
 
     @classmethod
@@ -189,4 +246,5 @@ class TableConfig:
             keep_strings=d.get("keep_strings", False),
             dram=DramConfig(**d["dram"]),
             disk=None if d["disk"] is None else DiskConfig(**d["disk"]),
+            hbm=None if d.get("hbm") is None else HbmConfig(**d["hbm"]),  # absent before HBM
         )

@@ -29,8 +29,9 @@ from evdb.records import FIELDS, FREQ_MAX, FROZEN, RecordBatch
 from evdb.strings import StringKeeper
 from evdb.tiers import scoring
 from evdb.tiers.base import Tier
-from evdb.tiers.chain import TierChain
+from evdb.tiers.chain import stack
 from evdb.tiers.dram import DramTier
+from evdb.tiers.hbm import HbmTier
 from evdb.tiers.rocks import RocksStrings
 
 if TYPE_CHECKING:
@@ -71,15 +72,20 @@ class Table:
         self._optimizer = config.optimizer
         self._admission = config.admission.new_state()
         self._n_slots = config.optimizer.n_slots(config.dim)
-        self._dram = DramTier(config.dim, self._n_slots, config.dram)
+        caches = [DramTier(config.dim, self._n_slots, config.dram)]
+        if config.hbm is not None:  # on top: it caches the DRAM tier (and what is under it)
+            caches.insert(0, HbmTier(config.dim, self._n_slots, config.hbm, config.dram))
         # With a disk tier the DRAM tier caches it; without one, rows still persist in the
         # backing store (written at flush) but every row stays in DRAM.
-        self._chain = TierChain(
-            self._dram,
+        self._chain = stack(
+            caches,
             backing,
             spill=config.disk is not None,
             track_steps=config.ttl_steps is not None,
+            step=lambda: self._db.step,
         )
+        # The top tier (DRAM, or HBM over it): the hot paths below work on it alone.
+        self._dram = self._chain.cache
         self._version = 0  # table-wide mutation counter; rows record the value that changed them
         self._pushes = 0
         # Names this incarnation of the table: versions restart when a table is re-created,
@@ -713,7 +719,6 @@ class Table:
         admission, the step counts of the rows below), for the database's metadata."""
         self._chain.flush()
         self._chain.below_steps.live(self._min_live())  # merges the expired steps' counts
-        backing = self._chain.backing
         state: dict[str, np.ndarray] = {
             "counters": np.array(
                 [
@@ -729,11 +734,7 @@ class Table:
         state["uid"] = np.frombuffer(bytes.fromhex(self._uid), dtype=np.uint8)
         for name, arr in self._admission.to_arrays().items():
             state[f"admission.{name}"] = arr
-        for name, arr in self._chain.below_steps.to_arrays().items():
-            state[f"below_steps.{name}"] = arr
-        if backing is not None:
-            for name, arr in backing.to_arrays().items():
-                state[f"backing.{name}"] = arr
+        state.update(self._chain.to_arrays())  # below_steps.*, backing.*
         return state
 
     def _checkpoint_info(self) -> dict[str, Any]:
@@ -749,13 +750,7 @@ class Table:
         saved = c[4:] + [0] * (len(self._COUNTERS) - len(c[4:]))  # counters added later
         self._counters.update(zip(self._COUNTERS, saved, strict=True))
         self._admission.load_arrays(_prefixed(state, "admission."))
-        self._chain.below_steps.load_arrays(_prefixed(state, "below_steps."))
-        if self._chain.backing is not None:
-            self._chain.backing.load_arrays(_prefixed(state, "backing."))
-        if not self._chain.spill and self._chain.backing is not None:
-            # Every row lives in DRAM: load them all, clean (equal to their copy on disk).
-            for keys, records in self._chain.backing.scan(65536):
-                self._dram.insert(keys, records, dirty=False, below_step=records.last_step)
+        self._chain.load_arrays(state)  # without a disk tier, every row is loaded into DRAM
 
     def __repr__(self) -> str:
         return f"Table({self.name!r}, dim={self.dim}, key_type={self.config.key_type!r})"

@@ -2,7 +2,9 @@
 
 A tier stores fixed-width records (see ``evdb.records``) by int64 key and knows nothing of what
 the fields mean to an optimizer. Callers ask about capabilities (``persistent``, ``device``),
-never about a tier's class, so a chain can stack any tiers (HBM over DRAM over RocksDB).
+never about a tier's class, so a chain can stack any tiers (HBM over DRAM over RocksDB): a
+chain of tiers is itself a ``Tier`` (``evdb.tiers.chain.ChainTier``), the backing of the chain
+above it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,21 @@ class Tier(ABC):
     @abstractmethod
     def stats(self) -> dict[str, Any]:
         """At least rows, capacity, bytes and evictions."""
+
+    def is_empty(self) -> bool:
+        """Whether the tier holds no row (``len(self) == 0``; a tier whose exact count costs
+        a pass over its rows answers this in O(1))."""
+        return len(self) == 0
+
+    def flush(self) -> None:  # noqa: B027 (a no-op by default)
+        """Make every row the tier holds reach the bottom of whatever it stacks (a tier that
+        is itself a chain of tiers writes its dirty rows down); a no-op for a single tier."""
+
+    def levels(self) -> dict[str, dict[str, Any]]:
+        """``stats()`` per storage level, top first, keyed by level name: one level for a
+        single tier, one per tier for a tier that stacks several (``Table.stats()["tiers"]``
+        shows them all)."""
+        return {self.name: self.stats()}
 
     def to_arrays(self) -> dict[str, Any]:
         """What the tier keeps in memory about its rows and must persist (counts, filters),

@@ -12,22 +12,24 @@ The cache keeps two bits of bookkeeping per row (``is_dirty``, ``below``) and th
 of the copy below (``below_step``); ``StepCounts`` counts the backing tier's rows by
 ``last_step``. Together they make ``live_rows`` exact with a TTL and without a scan. The chain
 talks to the backing tier only through the ``Tier`` interface, so a chain can itself be the
-backing of another cache (HBM over DRAM over RocksDB).
+backing of another cache: ``ChainTier`` wraps a chain as a ``Tier``, and ``stack`` builds
+HBM over DRAM over RocksDB as ``TierChain(hbm, ChainTier(TierChain(dram, rocks)))``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from evdb._types import BoolArray, Int64Array
-from evdb.records import RecordBatch
+from evdb.errors import ConfigError
+from evdb.records import FIELDS, RecordBatch
 from evdb.tiers.base import Tier
 from evdb.tiers.dram import DramTier
 
-__all__ = ["StepCounts", "TierChain"]
+__all__ = ["ChainTier", "StepCounts", "TierChain", "stack"]
 
 _FLUSH_CHUNK = 65536
 
@@ -95,7 +97,8 @@ class StepCounts:
 
 
 class TierChain:
-    """A ``DramTier`` cache over an optional backing tier.
+    """A ``DramTier`` cache (or an ``HbmTier``, which keeps its contract) over an optional
+    backing tier (a single tier, or a ``ChainTier``).
 
     ``spill=True``: the backing tier holds what the cache has no room for, and misses are
     read from it. ``spill=False``: the cache holds every row and the backing tier is only
@@ -121,7 +124,7 @@ class TierChain:
     @property
     def has_rows_below(self) -> bool:
         """Whether a cache miss can find a row below (false until something spills)."""
-        return self.spill and self.backing is not None and len(self.backing) > 0
+        return self.spill and self.backing is not None and not self.backing.is_empty()
 
     def fetch(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch | None]:
         """Rows of keys the cache does not hold, read from below in one batch."""
@@ -210,6 +213,7 @@ class TierChain:
         for start in range(0, rows.shape[0], _FLUSH_CHUNK):
             self._write_down(rows[start : start + _FLUSH_CHUNK])
         self.counters["flushed"] += rows.shape[0]
+        self.backing.flush()  # a chain below writes its own dirty rows on down
         return int(rows.shape[0])
 
     # -- counting and scanning ------------------------------------------------------------
@@ -244,17 +248,250 @@ class TierChain:
                 yield keys[uncached], records.take(uncached)
 
     def stats(self) -> dict[str, dict[str, Any]]:
+        """Each level's stats, top first ("hbm", "dram", "rocksdb", as present)."""
         c = self.counters
-        dram = self.cache.stats()
-        dram.update(
+        top = self.cache.stats()
+        top.update(
             hits=c["hits"],
             misses=c["misses"],
             promotions=c["promotions"],
             written_back=c["written_back"] + c["flushed"],
         )
-        tiers = {"dram": dram}
+        tiers = {self.cache.name: top}
         if self.backing is not None:
-            below = self.backing.stats()
-            below.update(dirty_rows=0, promotions=0, written_back=0)
-            tiers[self.backing.name] = below
+            for name, level in self.backing.levels().items():
+                for key in ("dirty_rows", "promotions", "written_back"):
+                    level.setdefault(key, 0)  # a tier that caches nothing
+                tiers[name] = level
         return tiers
+
+    # -- persistence ----------------------------------------------------------------------
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """What the chain keeps in memory about the rows below (their step counts, the backing
+        tier's own state), for the database's metadata; taken after a flush."""
+        arrays = {f"below_steps.{k}": v for k, v in self.below_steps.to_arrays().items()}
+        if self.backing is not None:
+            arrays.update({f"backing.{k}": v for k, v in self.backing.to_arrays().items()})
+        return arrays
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Restore what ``to_arrays`` returned (the backing tier already holds the rows)."""
+        self.below_steps.load_arrays(_prefixed(arrays, "below_steps."))
+        if self.backing is None:
+            return
+        self.backing.load_arrays(_prefixed(arrays, "backing."))
+        if not self.spill:  # every row lives in the cache: load them all, clean
+            for keys, records in self.backing.scan(_FLUSH_CHUNK):
+                self.cache.insert(keys, records, dirty=False, below_step=records.last_step)
+
+
+# A chain under another cache evicts as if no row had expired: it keeps every row it was given
+# until the cache above removes it, so the cache above may trust its own bits (``below``,
+# ``below_step``) and step counts about what is below. Expired rows leave from the top (the
+# table's TTL checks, ``compact``); down here they are only the first victims by score.
+_NO_EXPIRY = -(2**63)
+
+
+class ChainTier(Tier):
+    """A ``TierChain`` as one ``Tier``: the backing of the cache above it.
+
+    On a hit in the chain's cache, ``get`` reads it there; on a miss, from the tier below (read
+    through, not cached: the cache above takes the row). ``put`` writes into the cache, dirty,
+    and evicts it back to capacity (dirty victims written down); ``remove`` removes from every
+    level; ``scan`` yields every row once; ``flush`` flushes the chain. Rows stay until removed
+    (``len`` counts expired rows too, as the ``Tier`` contract says).
+
+    The chain counts the rows below it without their steps (``track_steps=False``): nothing
+    asks it for live rows, the chain on top counts those. ``step`` is the clock the cache's
+    victim scores age by.
+
+    Example: HBM (2 rows) over DRAM (3 rows) over RocksDB::
+
+        TierChain(hbm, ChainTier(TierChain(dram, rocks, spill=True), step))
+        pull [1 2 3]: 1, 2, 3 pinned in HBM (over-committed until the push)
+        push:         HBM back to capacity: dirty victims -> ChainTier.put -> DRAM
+        DRAM full:    its dirty victims -> RocksDB; a later miss in HBM reads DRAM, then disk
+    """
+
+    name = "chain"
+
+    def __init__(self, chain: TierChain, step: Callable[[], int]) -> None:
+        if chain.below_steps.track_steps:
+            raise ConfigError("a chain under another cache counts its rows without steps")
+        if not chain.spill and chain.cache.capacity_rows is not None:
+            raise ConfigError(
+                "a bounded cache that does not spill drops rows for good, and would drop rows "
+                "the cache above holds: give it a backing tier to spill to, or no bound"
+            )
+        self.chain = chain
+        self.step = step
+
+    # -- capabilities ---------------------------------------------------------------------
+    @property
+    def persistent(self) -> bool:
+        return self.chain.backing is not None and self.chain.backing.persistent
+
+    @property
+    def device(self) -> str:
+        return self.chain.cache.device
+
+    @property
+    def capacity_rows(self) -> int | None:
+        return None if self.chain.spill else self.chain.cache.capacity_rows
+
+    def __len__(self) -> int:
+        """Cached rows plus the rows below that the cache does not hold (a pass over the
+        cache's bits; ``is_empty`` is O(1))."""
+        cache, below = self.chain.cache, self.chain.backing
+        if below is None or below.is_empty():
+            return len(cache)
+        high = cache.alloc.high_water
+        shadowed = int(np.count_nonzero(cache.is_live[:high] & cache.below[:high]))
+        return len(cache) + len(below) - shadowed
+
+    def is_empty(self) -> bool:
+        # Without spilling, every row below is also cached: an empty cache means no rows.
+        return len(self.chain.cache) == 0 and not self.chain.has_rows_below
+
+    # -- Tier contract --------------------------------------------------------------------
+    def get(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch]:
+        cache = self.chain.cache
+        rows = cache.locate(keys)
+        found = rows >= 0
+        hits = int(np.count_nonzero(found))
+        self.chain.count_cache_reads(hits, keys.shape[0] - hits)
+        cached = cache.read(rows[found])
+        if hits == keys.shape[0]:
+            return found, cached
+        miss = np.flatnonzero(~found)
+        hit, below = self.chain.fetch(keys[miss])
+        if below is None or len(below) == 0:
+            return found, cached
+        at = np.concatenate([np.flatnonzero(found), miss[hit]])
+        found[miss[hit]] = True
+        order = np.argsort(at, kind="stable")  # back to the order of keys
+        merged = (np.concatenate([getattr(cached, f), getattr(below, f)])[order] for f in FIELDS)
+        return found, RecordBatch(*merged)
+
+    def put(self, keys: Int64Array, records: RecordBatch, existed: BoolArray | None = None) -> None:
+        """Write distinct keys' records into the cache, dirty; ``existed`` (which keys this
+        tier holds) tells, for a key not cached, whether the tier below holds a copy."""
+        if keys.shape[0] == 0:
+            return
+        chain, cache = self.chain, self.chain.cache
+        rows = cache.locate(keys)
+        have = rows >= 0
+        if have.all():
+            cache.write(rows, records)
+            cache.is_dirty[rows] = True
+        else:
+            if have.any():
+                cache.write(rows[have], records.take(have))
+                cache.is_dirty[rows[have]] = True
+            new = np.flatnonzero(~have)
+            if not chain.has_rows_below:
+                below = np.zeros(new.shape[0], dtype=bool)
+            elif existed is not None:
+                below = existed[new]
+            else:
+                below = chain.fetch(keys[new])[0]
+            for copy_below in (True, False):
+                pick = new[below == copy_below]
+                if pick.shape[0]:
+                    recs = records.take(pick)
+                    # The copy below is counted without its step (see the class docstring).
+                    cache.insert(
+                        keys[pick], recs, below_step=recs.last_step if copy_below else None
+                    )
+        chain.evict(self.step(), _NO_EXPIRY)
+
+    def remove(self, keys: Int64Array, present: BoolArray | None = None) -> BoolArray:
+        chain = self.chain
+        rows = chain.cache.locate(keys)
+        gone = rows >= 0
+        chain.remove_rows(rows[gone])  # the cached rows and their copies below
+        rest = np.flatnonzero(~gone)
+        if rest.shape[0] and chain.has_rows_below:
+            assert chain.backing is not None
+            below = chain.backing.remove(keys[rest], None if present is None else present[rest])
+            gone[rest] = below
+            chain.below_steps.sub(np.zeros(int(np.count_nonzero(below)), dtype=np.int64))
+        return gone
+
+    def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
+        """Every row once: the cached ones, then the rows below that the cache does not hold.
+        A caller may remove rows of a chunk before asking for the next (``compact`` does)."""
+        cache = self.chain.cache
+        keys = cache.row_keys[cache.live_rows()]  # a copy: rows freed meanwhile are skipped
+        for start in range(0, keys.shape[0], chunk_rows):
+            part = keys[start : start + chunk_rows]
+            rows = cache.locate(part)
+            there = rows >= 0
+            if there.all():
+                yield part, cache.read(rows)
+            elif there.any():
+                yield part[there], cache.read(rows[there])
+        if not self.chain.has_rows_below:
+            return
+        assert self.chain.backing is not None
+        for part, records in self.chain.backing.scan(chunk_rows):
+            uncached = cache.locate(part) < 0
+            if uncached.all():
+                yield part, records
+            elif uncached.any():
+                yield part[uncached], records.take(uncached)
+
+    def flush(self) -> None:
+        self.chain.flush()
+
+    def stats(self) -> dict[str, Any]:
+        levels = self.levels()
+        return {
+            "rows": len(self),
+            "capacity": self.capacity_rows,
+            "bytes": sum(int(level["bytes"]) for level in levels.values()),
+            "evictions": self.chain.cache.evictions,
+        }
+
+    def levels(self) -> dict[str, dict[str, Any]]:
+        return self.chain.stats()
+
+    def to_arrays(self) -> dict[str, Any]:
+        cache = self.chain.cache
+        evictions = np.array([cache.evictions, cache.expired_evictions], dtype=np.int64)
+        return {**self.chain.to_arrays(), "evictions": evictions}
+
+    def load_arrays(self, arrays: dict[str, Any]) -> None:
+        self.chain.load_arrays(arrays)
+        if "evictions" in arrays:
+            cache = self.chain.cache
+            cache.evictions, cache.expired_evictions = arrays["evictions"].tolist()
+
+
+def stack(
+    caches: Sequence[DramTier],
+    backing: Tier | None,
+    *,
+    spill: bool,
+    track_steps: bool,
+    step: Callable[[], int],
+) -> TierChain:
+    """The chain of ``caches`` (top first) over ``backing``: each cache over a ``ChainTier``
+    of the ones below it. ``spill`` is the bottom cache's (whether ``backing`` takes what it
+    has no room for); every cache above it spills into the chain below. ``track_steps``: the
+    rows carry a TTL (only the top chain counts live rows)."""
+    chain = TierChain(
+        caches[-1], backing, spill=spill, track_steps=track_steps and len(caches) == 1
+    )
+    for depth in range(len(caches) - 2, -1, -1):
+        chain = TierChain(
+            caches[depth],
+            ChainTier(chain, step),
+            spill=True,
+            track_steps=track_steps and depth == 0,
+        )
+    return chain
+
+
+def _prefixed(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
