@@ -76,19 +76,23 @@ def test_stamp_pushed_matches_reference(rng, n_rows, u) -> None:
     np.testing.assert_array_equal(outs[0][1], np.where(frozen, -1, rows))
 
 
+@pytest.mark.parametrize("ttl_steps", [None, 3])
 @pytest.mark.parametrize("admission", [None, "counter"])
-def test_pull_dedups_the_same_either_way(tmp_path, monkeypatch, rng, admission) -> None:
-    # Table.pull deduplicates small batches before probing the index and big ones by row after
-    # probing every key; both ways must give the same Pulled and leave the same rows.
+def test_pull_dedups_the_same_either_way(tmp_path, monkeypatch, rng, admission, ttl_steps) -> None:
+    # Table.pull deduplicates small batches before probing the index and big ones by row
+    # after probing every key; both ways must give the same Pulled and leave the same rows.
     import evdb
     import evdb.table
 
     batches = [rng.integers(0, 3000, int(rng.integers(1, 5000))) for _ in range(8)]
+    batches[3] = batches[3][:0]  # an empty pull too
     results = []
     for limit in (evdb.table._DEDUP_FIRST, 0):
         monkeypatch.setattr(evdb.table, "_DEDUP_FIRST", limit)
         with evdb.open(tmp_path / f"db{limit}") as db:
-            opts = {} if admission is None else {"admission": evdb.admission.Counter(min_count=2)}
+            opts: dict = {"ttl_steps": ttl_steps}
+            if admission is not None:
+                opts["admission"] = evdb.admission.Counter(min_count=2)
             t = db.create_table("t", dim=3, **opts)
             seen = []
             for keys in batches:
@@ -96,10 +100,14 @@ def test_pull_dedups_the_same_either_way(tmp_path, monkeypatch, rng, admission) 
                 t.push(p, np.ones((p.keys.shape[0], 3)))
                 seen.append((p.keys, p.inverse, p.counts, p.admitted, p.rows))
                 db.advance()
-            results.append((seen, t.lookup(np.arange(3000)), len(t)))
-    (a, va, na), (b, vb, nb) = results
+            found, records = t._read_records(np.arange(3000))
+            results.append((seen, found, records, len(t), t.stats()))
+    (a, fa, ra, na, sa), (b, fb, rb, nb, sb) = results
     assert na == nb
-    np.testing.assert_array_equal(va, vb)
+    np.testing.assert_array_equal(fa, fb)
+    for f in ("values", "slots", "freq", "last_step"):
+        np.testing.assert_array_equal(getattr(ra, f), getattr(rb, f), err_msg=f)
+    assert sa["tiers"] == sb["tiers"] and sa["admission"] == sb["admission"]
     for x, y in zip(a, b, strict=True):
         for u, v in zip(x, y, strict=True):
             np.testing.assert_array_equal(u, v)
