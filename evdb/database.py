@@ -32,7 +32,7 @@ import numpy as np
 
 from evdb import checkpoint as _checkpoint
 from evdb.admission import AdmissionPolicy, AdmitAll
-from evdb.config import DiskConfig, DramConfig, TableConfig
+from evdb.config import DiskConfig, DramConfig, HbmConfig, HbmDevice, TableConfig, parse_hbm
 from evdb.errors import (
     ConfigError,
     CorruptDataError,
@@ -49,6 +49,7 @@ from evdb.keys import KeyType
 from evdb.optim import SGD, Optimizer
 from evdb.records import RecordBatch
 from evdb.table import Table
+from evdb.tiers.hbm import require_device
 from evdb.tiers.rocks import RocksStore, RocksStrings, RocksTier, link_or_copy_tree
 
 __all__ = ["Database", "open"]
@@ -398,13 +399,19 @@ class Database:
         dram_rows: int | None = None,
         dram: DramConfig | None = None,
         disk: bool | DiskConfig = True,
+        hbm_rows: int | None = None,
+        device: HbmDevice | None = None,
+        hbm: HbmConfig | None = None,
     ) -> Table:
         """Create a table; see ``TableConfig`` for each option.
 
         ``dram_rows`` is shorthand for ``dram=DramConfig(capacity_rows=dram_rows)``.
         ``disk=True`` (the default) puts a RocksDB tier with default settings under DRAM, so
         rows beyond ``dram_rows`` spill to disk; ``disk=False`` keeps every row in DRAM.
-        Raises ``TableExistsError`` (a ValueError) if the name is taken.
+        ``hbm_rows=N, device=D`` (shorthand for ``hbm=HbmConfig(N, D)``) puts an HBM tier of N
+        rows on top of DRAM, on CUDA device D (0 by default), or emulated on the CPU with
+        ``device="cpu"``. Raises ``TableExistsError`` (a ValueError) if the name is taken, and
+        ``ConfigError`` where the HBM tier cannot run (no cupy, no CUDA device).
         """
         self._check_writable()
         _parse_table_name(name)
@@ -424,7 +431,10 @@ class Database:
             keep_strings=keep_strings,
             dram=DramConfig(capacity_rows=dram_rows) if dram is None else dram,
             disk=_parse_disk(disk),
+            hbm=parse_hbm(hbm_rows, device, hbm),
         )
+        if config.hbm is not None:  # before the table's column family is created
+            require_device(config.hbm.device)
         table = Table(self, name, config, self._backing(name, config), self._strings(name, config))
         self._tables[name] = table
         self._dropped.discard(name)

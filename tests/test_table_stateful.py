@@ -7,7 +7,9 @@ model cannot predict *which* rows the score policy evicts, so it accepts evictio
 outside the batch in flight and checks the eviction counter instead. With a disk tier under a
 two-row DRAM tier (almost every step spills and promotes) nothing may vanish, and the model
 is exact; a simulated crash (the process stops without a flush) must bring back exactly the
-state of the last flush.
+state of the last flush. The HBM variants put an emulated HBM tier of two rows on top (over a
+three-row DRAM tier over RocksDB, or over an unbounded DRAM tier without a disk), so rows move
+through every level, and the same model must hold.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import evdb
+from evdb.tiers.chain import ChainTier
 
 POOL = [0, -1, 1, 2, 3, 17, 42, 99, 2**63 - 1, -(2**63)]
 DIM, TTL, MIN_COUNT, LR, L2 = 3, 3, 2, 0.5, 0.015
@@ -65,9 +68,12 @@ class TableMachine(RuleBasedStateMachine):
             l2_threshold=L2,
             admission=evdb.admission.Counter(min_count=MIN_COUNT),
             optimizer=evdb.optim.SGD(lr=LR),
-            dram_rows=self.capacity,
-            disk=self.disk,
+            **self.tiers(),
         )
+
+    def tiers(self) -> dict:
+        """The tier options of the table (the model needs only capacity and disk)."""
+        return {"dram_rows": self.capacity, "disk": self.disk}
 
     def teardown(self) -> None:
         self.db.close()
@@ -272,6 +278,36 @@ class TieredTable(TableMachine):
     capacity = 2
 
 
+class HbmTable(TableMachine):
+    """HBM (2 rows, emulated) over DRAM (3 rows) over RocksDB; ``capacity`` is the top tier's."""
+
+    capacity = 2
+    dram_rows = 3
+
+    def tiers(self) -> dict:
+        return {"hbm_rows": self.capacity, "device": "cpu", "dram_rows": self.dram_rows}
+
+    @invariant()
+    def every_level_within_its_rows(self) -> None:
+        below = self.t._chain.backing
+        assert isinstance(below, ChainTier)
+        if self.dram_rows is not None:
+            assert len(below.chain.cache) <= self.dram_rows  # DRAM pins nothing
+        assert list(self.t.stats()["tiers"]) == ["hbm", "dram", "rocksdb"]
+
+
+class HbmOverDramTable(HbmTable):
+    """HBM (2 rows, emulated) over an unbounded DRAM tier without a disk tier: DRAM is the
+    bottom (rows persist at flush); nothing may vanish, so the model stays exact."""
+
+    dram_rows = None
+
+    def tiers(self) -> dict:
+        return {**super().tiers(), "disk": False}
+
+
 TestUnboundedTable = UnboundedTable.TestCase
 TestBoundedTable = BoundedTable.TestCase
 TestTieredTable = TieredTable.TestCase
+TestHbmTable = HbmTable.TestCase
+TestHbmOverDramTable = HbmOverDramTable.TestCase

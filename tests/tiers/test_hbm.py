@@ -1,0 +1,73 @@
+"""The HBM tier: the shared contract on the emulated device, and clear errors where a GPU
+tier cannot be built (no cupy, no device, or the GPU path itself not built yet)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evdb.config import DramConfig, HbmConfig
+from evdb.errors import ConfigError
+from evdb.kernels import gpu
+from evdb.tiers.hbm import HbmTier, require_device
+
+from .contract import DIM, SLOTS, TierContract, records
+
+
+class TestEmulatedHbmTier(TierContract):
+    @pytest.fixture
+    def tier(self) -> HbmTier:
+        return HbmTier(DIM, SLOTS, HbmConfig(capacity_rows=10_000, device="cpu"), DramConfig())
+
+
+def test_the_emulated_tier_is_bounded_by_hbm_rows_and_uses_the_dram_policy() -> None:
+    policy = DramConfig(capacity_rows=None, eviction="lru", evict_fraction=0.5)
+    tier = HbmTier(DIM, SLOTS, HbmConfig(capacity_rows=10, device="cpu"), policy)
+    assert tier.capacity_rows == 10 and tier.config.eviction == "lru"
+    assert tier.device == "cpu" and tier.is_emulated and tier.name == "hbm"
+    recs = records(12)
+    recs.last_step[:] = np.arange(12)
+    tier.put(np.arange(12, dtype=np.int64), recs)
+    tier.evict_to_capacity(step=20, min_live_step=-(2**63))
+    assert tier.get(np.arange(12, dtype=np.int64))[0].nonzero()[0].tolist() == list(range(7, 12))
+    s = tier.stats()
+    assert s["device"] == "cpu" and s["emulated"] is True and s["evictions"] == 7
+
+
+def test_a_cuda_device_without_cupy_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_cupy() -> None:
+        raise ConfigError("the gpu backend needs cupy: pip install evdb[gpu]")
+
+    monkeypatch.setattr(gpu, "require", no_cupy)
+    with pytest.raises(ConfigError, match=r"device=0: .*needs cupy.*device='cpu'"):
+        HbmTier(DIM, SLOTS, HbmConfig(capacity_rows=10, device=0), DramConfig())
+    require_device("cpu")  # the emulation needs nothing
+
+
+def test_a_cuda_device_that_is_missing_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_device() -> None:
+        raise ConfigError("the gpu backend found no CUDA device")
+
+    monkeypatch.setattr(gpu, "require", no_device)
+    with pytest.raises(ConfigError, match=r"device=1: .*no CUDA device"):
+        require_device(1)
+
+
+def test_with_cupy_and_a_device_the_gpu_path_is_not_there_yet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gpu, "require", lambda: None)
+    with pytest.raises(ConfigError, match="device=0: the HBM tier on a GPU is not available yet"):
+        require_device(0)
+
+
+def test_this_machine_reports_the_real_reason() -> None:
+    try:
+        gpu.require()
+    except ConfigError as exc:
+        reason = str(exc)
+    else:
+        reason = "not available yet"
+    with pytest.raises(ConfigError) as caught:
+        require_device(0)
+    assert reason in str(caught.value)
