@@ -25,8 +25,7 @@ def lookup_rows(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(embeddings, found): exactly ``Table.lookup``'s answer (a missing key reads its
     initializer value), with rows read from disk cached in DRAM (``promote=True``: the
-    serving working set stays hot), and found (n,) bool per key. ``contains`` runs after the
-    lookup, when the rows it asks about are in DRAM."""
-    embeddings = table.lookup(keys, offsets, weights, combiner, promote=True)
-    found = table.contains(keys)
+    serving working set stays hot), and found (n,) bool per key, from the same read."""
+    found = np.empty(len(keys), dtype=bool)
+    embeddings = table.lookup(keys, offsets, weights, combiner, promote=True, found=found)
     return embeddings, found

@@ -195,9 +195,9 @@ class Table:
             at = at[live]
         rows[at] = self._chain.promote(uniq[at], records, dirty=True)
 
-    def _read_below(self, keys: Int64Array, promote: bool) -> Float32Array:
-        """Values of keys the DRAM tier lacks: their rows below where live, else defaults;
-        with ``promote``, the rows found are cached (clean)."""
+    def _read_below(self, keys: Int64Array, promote: bool) -> tuple[Float32Array, BoolArray]:
+        """Values of keys the DRAM tier lacks: their rows below where live, else defaults,
+        and which keys had a live row; with ``promote``, the rows found are cached (clean)."""
         uniq, inverse = np.unique(keys, return_inverse=True)
         values = np.empty((uniq.shape[0], self.dim), dtype=np.float32)
         have = np.zeros(uniq.shape[0], dtype=bool)
@@ -212,7 +212,8 @@ class Table:
                 self._chain.evict(self._db.step, self._min_live(), protect=rows)
         if not have.all():  # defaults only where no row was found (they cost a hash each)
             values[~have] = self.defaults(uniq[~have])
-        return values[inverse.ravel()]
+        inverse = inverse.ravel()
+        return values[inverse], have[inverse]
 
     def _read_records(self, keys: Any) -> tuple[BoolArray, RecordBatch]:
         """Whole records (slots, freq, last_step, version too) of keys' live rows, from
@@ -266,6 +267,7 @@ class Table:
         *,
         out: Float32Array | None = None,
         promote: bool = False,
+        found: BoolArray | None = None,
     ) -> Float32Array:
         """Read rows for inference: never creates rows, never counts toward admission.
 
@@ -288,6 +290,9 @@ class Table:
         promote : bool
             Cache the rows read from disk in DRAM (clean), as training reads do. Off by
             default, so that a scan-like read does not flush the hot set out of DRAM.
+        found : (n,) bool array, optional
+            Written in place: whether each key has a live row (what ``contains`` says),
+            from the same read (a server answers both without probing twice).
 
         Returns
         -------
@@ -307,10 +312,14 @@ class Table:
                 f"out must be a C-contiguous float32 array of shape {shape}, "
                 f"got {out.dtype} {out.shape}"
             )
+        if found is not None and (found.shape != (n,) or found.dtype != np.bool_):
+            raise InvalidArgumentError(
+                f"found must be a bool array of shape {(n,)}, got {found.dtype} {found.shape}"
+            )
         if bags is not None and self._chain.has_rows_below and (self._dram.locate(k) < 0).any():
             # Some rows may be on disk: read them all, then combine (the fused kernel reads
             # the DRAM tier only).
-            values = self.lookup(k, promote=promote)
+            values = self.lookup(k, promote=promote, found=found)
             cpu.gather_combine(
                 values,
                 np.arange(n, dtype=np.int64),
@@ -339,16 +348,22 @@ class Table:
                 b,
                 out,
             )
+            if found is not None:
+                found[:] = self.contains(k)
             return out
         if self._out_rows.shape[0] < n:
             self._out_rows = np.empty(n, dtype=np.int64)
         rows = self._out_rows[:n]
         missing = self._dram.probe_gather(k, self._min_live(), out, rows)
         self._chain.count_cache_reads(n - missing, missing)
+        if found is not None:
+            np.greater_equal(rows, 0, out=found)
         if missing:
             miss = rows < 0
             if self._chain.has_rows_below:
-                out[miss] = self._read_below(k[miss], promote)
+                out[miss], have = self._read_below(k[miss], promote)
+                if found is not None:
+                    found[miss] = have
             else:
                 out[miss] = self.defaults(k[miss])
         return out

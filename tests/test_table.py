@@ -289,3 +289,34 @@ def test_dedup_scratch_is_kept_for_pulls_and_dropped_after_bulk_calls(db) -> Non
     assert t.stats()["scratch_bytes"] == small  # a bulk load leaves no scratch behind
     t.pull(np.arange(50_000))
     assert t.stats()["scratch_bytes"] >= 2 * 50_000 * 16  # the training loop keeps it
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lookup_found_is_contains_from_the_same_read(tmp_path: Path, seed: int) -> None:
+    """Rows in DRAM, rows only on disk, expired rows and absent keys, plain and in bags:
+    ``found`` equals ``contains`` and the values equal a lookup without it."""
+    rng = np.random.default_rng(seed)
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("t", dim=3, dram_rows=40, ttl_steps=5)
+        old = rng.choice(1000, 60, replace=False)
+        t.upsert(old, rng.normal(size=(60, 3)).astype(np.float32))
+        db.advance(4)
+        fresh = rng.choice(np.arange(1000, 2000), 150, replace=False)  # most spill to disk
+        t.upsert(fresh, rng.normal(size=(150, 3)).astype(np.float32))
+        db.advance(3)  # the first rows have expired
+        keys = rng.choice(np.concatenate([old, fresh, np.arange(5000, 5020)]), 120)
+        want_found = t.contains(keys)
+        assert want_found.any() and not want_found.all()
+        for promote in (False, True):
+            found = np.empty(keys.shape[0], dtype=bool)
+            values = t.lookup(keys, promote=promote, found=found)
+            np.testing.assert_array_equal(found, want_found)
+            np.testing.assert_array_equal(values, t.lookup(keys))
+        offsets = np.sort(rng.choice(keys.shape[0], 9, replace=False))
+        offsets[0] = 0
+        found = np.zeros(keys.shape[0], dtype=bool)
+        bags = t.lookup(keys, offsets, combiner="sum", found=found)
+        np.testing.assert_array_equal(found, want_found)
+        np.testing.assert_array_equal(bags, t.lookup(keys, offsets, combiner="sum"))
+        with pytest.raises(evdb.InvalidArgumentError, match="found must be a bool array"):
+            t.lookup(keys, found=np.zeros(3, dtype=bool))
