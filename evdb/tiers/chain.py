@@ -287,8 +287,10 @@ class TierChain:
 
 # A chain under another cache evicts as if no row had expired: it keeps every row it was given
 # until the cache above removes it, so the cache above may trust its own bits (``below``,
-# ``below_step``) and step counts about what is below. Expired rows leave from the top (the
-# table's TTL checks, ``compact``); down here they are only the first victims by score.
+# ``below_step``) and step counts about what is below. Reclaiming expired victims here, as the
+# top chain does, would leave the cache above counting (and trusting) copies that are gone.
+# Expired rows leave from the top (the table's TTL checks, ``compact``); down here they are
+# victims by score like any row (an old row scores low by LFU and LRU alike).
 _NO_EXPIRY = -(2**63)
 
 
