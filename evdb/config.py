@@ -47,9 +47,16 @@ class DramConfig:
     """LFU ageing: a row's frequency counts half after this many steps without a touch."""
     evict_fraction: float = 0.05
     """When full, evict down to (1 - evict_fraction) * capacity at once, to amortise the scan."""
+    initial_rows: int = 0
+    """Rows to make room for up front (TFRA's and HierarchicalKV's ``init_capacity``): a
+    table expected to grow to about this size skips the slab copies and index rehashes on
+    the way. Not a limit; costs the index's memory (16 bytes a slot) at once, the rows' only
+    as they are written."""
 
     def __post_init__(self) -> None:
         parse_optional_int("dram.capacity_rows", self.capacity_rows, 1)
+        if parse_optional_int("dram.initial_rows", self.initial_rows, 0) is None:
+            raise ConfigError("dram.initial_rows must be an int >= 0, got None")
         if self.eviction not in ("lfu", "lru"):
             raise ConfigError(f"dram.eviction must be 'lfu' or 'lru', got {self.eviction!r}")
         parse_optional_int("dram.half_life_steps", self.half_life_steps, 1)
@@ -225,6 +232,7 @@ class TableConfig:
                 "eviction": self.dram.eviction,
                 "half_life_steps": self.dram.half_life_steps,
                 "evict_fraction": self.dram.evict_fraction,
+                "initial_rows": self.dram.initial_rows,
             },
             "disk": None
             if self.disk is None

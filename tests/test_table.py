@@ -320,3 +320,23 @@ def test_lookup_found_is_contains_from_the_same_read(tmp_path: Path, seed: int) 
         np.testing.assert_array_equal(bags, t.lookup(keys, offsets, combiner="sum"))
         with pytest.raises(evdb.InvalidArgumentError, match="found must be a bool array"):
             t.lookup(keys, found=np.zeros(3, dtype=bool))
+
+
+def test_initial_rows_makes_room_up_front_and_persists(tmp_path: Path) -> None:
+    """dram.initial_rows (init_capacity): the index is sized at creation, so growing to that
+    many rows rehashes nothing; it is kept across reopen and validated."""
+    with evdb.open(tmp_path / "db") as db:
+        plain = db.create_table("plain", dim=4)
+        t = db.create_table("t", dim=4, dram=evdb.DramConfig(initial_rows=20_000))
+        before = t.stats()["tiers"]["dram"]["index_bytes"]
+        assert before > 16 * plain.stats()["tiers"]["dram"]["index_bytes"]
+        keys = np.arange(20_000, dtype=np.int64)
+        for chunk in np.array_split(keys, 10):
+            t.upsert(chunk, np.ones((chunk.shape[0], 4), np.float32))
+        assert t.stats()["tiers"]["dram"]["index_bytes"] == before  # no rehash on the way
+        assert len(t) == 20_000 and t.contains(keys).all()
+    with evdb.open(tmp_path / "db") as db:
+        assert db.table("t").config.dram.initial_rows == 20_000
+    for bad in (-1, None, 2.0, True):
+        with pytest.raises(evdb.ConfigError, match=r"dram\.initial_rows"):
+            evdb.DramConfig(initial_rows=bad)

@@ -58,7 +58,7 @@ class DramTier(Tier):
         self.dim = dim
         self.n_slots = n_slots
         self.config = config
-        self.index = HashIndex(config.capacity_rows or 0)
+        self.index = HashIndex(max(config.capacity_rows or 0, config.initial_rows))
         self.alloc = RowAllocator()
         self.row_keys: Int64Array = np.empty(0, dtype=np.int64)
         self.values: Float32Array = np.empty((0, dim), dtype=np.float32)
@@ -78,6 +78,7 @@ class DramTier(Tier):
         # long as this has not changed (rows move only when freed and reused).
         self.frees = 0
         self.expired_evictions = 0
+        self._fit(config.initial_rows)
 
     # -- capabilities ---------------------------------------------------------------------
     @property

@@ -83,7 +83,9 @@ class HbmTier(DramTier):
     def __init__(self, dim: int, n_slots: int, config: HbmConfig, policy: DramConfig) -> None:
         require_device(config.device)
         super().__init__(
-            dim, n_slots, dataclasses.replace(policy, capacity_rows=config.capacity_rows)
+            dim,
+            n_slots,
+            dataclasses.replace(policy, capacity_rows=config.capacity_rows, initial_rows=0),
         )
         self.hbm = config
 
