@@ -275,6 +275,10 @@ def run(args: argparse.Namespace, tmp: Path, procs: list[subprocess.Popen[bytes]
     for rnd in range(args.rounds):
         order = names[rnd % len(names) :] + names[: rnd % len(names)]
         for name in order:
+            # A fresh connection per turn (http.client reconnects by itself): uvicorn closes
+            # one that sat idle 5 s while the other sides ran.
+            evdb_conn.close()
+            floor_conn.close()
             n, secs = measure(sides[name], args.max_requests, args.seconds, lat[name])
             totals[name][0] += n
             totals[name][1] += secs
