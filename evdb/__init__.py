@@ -8,7 +8,7 @@ from __future__ import annotations
 from evdb import admission, checkpoint, optim
 from evdb import initializers as init
 from evdb.checkpoint import verify
-from evdb.config import DiskConfig, DramConfig, TableConfig
+from evdb.config import DiskConfig, DramConfig, HbmConfig, TableConfig
 from evdb.database import Database, open
 from evdb.errors import (
     CapacityError,
@@ -43,6 +43,7 @@ __all__ = [
     "DiskConfig",
     "DramConfig",
     "EvdbError",
+    "HbmConfig",
     "InvalidArgumentError",
     "InvalidTypeError",
     "KeyCollisionError",

@@ -198,6 +198,11 @@ class Database:
         for name, cfg in meta["tables"].items():
             try:
                 config = TableConfig.from_dict(cfg)
+            except (KeyError, TypeError, ValueError) as e:
+                raise CorruptDataError(f"{self.path}: table {name!r} cannot be loaded ({e})") from e
+            if config.hbm is not None:
+                require_device(config.hbm.device)  # this machine, not the data, is at fault
+            try:
                 state_blob = self._store.get_meta(f"table/{name}")
                 if state_blob is None:
                     raise KeyError(f"table/{name}")

@@ -251,3 +251,20 @@ def test_an_old_database_without_hbm_opens_and_keeps_its_tiers(
         t = db.table("t")
         assert t.config.hbm is None and list(t.stats()["tiers"]) == ["dram", "rocksdb"]
         assert len(t) == 40
+
+
+def test_reopening_an_hbm_table_where_its_device_is_missing_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database whose table asked for an HBM device, opened on a machine that lacks it,
+    is refused with the device's reason (ConfigError), not called corrupt."""
+    with evdb.open(tmp_path / "db") as db:
+        db.create_table("t", dim=2, hbm_rows=4, device="cpu")
+
+    def no_device(device: object) -> None:
+        raise evdb.ConfigError(f"device {device!r}: no CUDA device on this machine")
+
+    monkeypatch.setattr("evdb.database.require_device", no_device)
+    with pytest.raises(evdb.ConfigError, match="no CUDA device") as info:
+        evdb.open(tmp_path / "db")
+    assert not isinstance(info.value, evdb.CorruptDataError)
