@@ -36,7 +36,7 @@ from .codec import ApiError, dumps, validation_message
 from .metrics import Metrics, MetricsMiddleware
 from .routers import admin, health, kserve, tables
 from .settings import Settings, get_settings
-from .snapshots import Snapshot, SnapshotHolder
+from .snapshots import SnapshotHolder
 
 log = logging.getLogger("evdb.api")
 
@@ -61,12 +61,12 @@ def _error(
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The service for ``settings`` (default: from ``EVDB_*`` environment variables)."""
     settings = settings or get_settings()
-    holder = SnapshotHolder(state_file=settings.state_file)
+    holder = SnapshotHolder(state_file=settings.state_file, cache_rows=settings.cache_rows)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.path is not None and holder.current is None:
-            holder.swap(await run_in_threadpool(Snapshot.open, settings.path))
+            holder.swap(await run_in_threadpool(holder.load, settings.path))
             holder.reloads = 0
         yield
         holder.close()
@@ -123,7 +123,7 @@ class FollowReloads:
             path = self.holder.published_path()
             if path is not None:
                 try:
-                    self.holder.swap(await run_in_threadpool(Snapshot.open, path))
+                    self.holder.swap(await run_in_threadpool(self.holder.load, path))
                 except evdb.EvdbError:
                     log.exception("cannot follow the reload to %s; serving the old snapshot", path)
         await self.app(scope, receive, send)

@@ -11,6 +11,7 @@ variable                   meaning
 ``EVDB_TOKEN_FILE``        a file holding the admin bearer token; without it, no admin
 ``EVDB_ALLOW_ROOTS``       directories (``os.pathsep``-separated) reload may open from
 ``EVDB_MAX_KEYS``          most keys in one request (default 100,000)
+``EVDB_CACHE_ROWS``        rows of each table kept in DRAM (default: the snapshot's own)
 ``EVDB_STATE_FILE``        with several workers: the file through which a reload that one
                            worker took tells the others (``evdb serve`` makes it)
 ``PROMETHEUS_MULTIPROC_    with several workers: prometheus-client's folder of per-process
@@ -34,6 +35,7 @@ class Settings:
     token: str | None = None
     allow_roots: tuple[Path, ...] = field(default_factory=tuple)
     max_keys: int = DEFAULT_MAX_KEYS
+    cache_rows: int | None = None
     state_file: Path | None = None
     metrics_dir: Path | None = None
 
@@ -70,6 +72,7 @@ def get_settings() -> Settings:
         token=read_token(Path(token_file)) if token_file else None,
         allow_roots=tuple(Path(r).resolve() for r in roots.split(os.pathsep) if r),
         max_keys=int(env.get("EVDB_MAX_KEYS", DEFAULT_MAX_KEYS)),
+        cache_rows=int(env["EVDB_CACHE_ROWS"]) if env.get("EVDB_CACHE_ROWS") else None,
         state_file=Path(state) if state else None,
         metrics_dir=Path(metrics_dir) if metrics_dir else None,
     )

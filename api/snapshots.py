@@ -37,10 +37,11 @@ class Snapshot:
     _retired: bool = False
 
     @classmethod
-    def open(cls, path: Path) -> Snapshot:
-        """Open ``path`` read-only (checksums verified) and name its version: a hash of its
-        manifest (an export or checkpoint) or of its pointer file (a database)."""
-        db = evdb.open(path, read_only=True)
+    def open(cls, path: Path, cache_rows: int | None = None) -> Snapshot:
+        """Open ``path`` read-only (checksums verified; ``cache_rows`` rows of each table in
+        DRAM) and name its version: a hash of its manifest (an export or checkpoint) or of
+        its pointer file (a database)."""
+        db = evdb.open(path, read_only=True, cache_rows=cache_rows)
         try:
             tag = path / "MANIFEST.json"
             if not tag.exists():
@@ -64,8 +65,14 @@ class Snapshot:
 class SnapshotHolder:
     """The current snapshot, reference-counted across the requests that use it."""
 
-    def __init__(self, snapshot: Snapshot | None = None, state_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot | None = None,
+        state_file: Path | None = None,
+        cache_rows: int | None = None,
+    ) -> None:
         self._lock = threading.Lock()
+        self.cache_rows = cache_rows
         self._current = snapshot
         self.state_file = state_file
         self._state_mtime = _mtime(state_file)
@@ -74,6 +81,10 @@ class SnapshotHolder:
     @property
     def current(self) -> Snapshot | None:
         return self._current
+
+    def load(self, path: Path) -> Snapshot:
+        """Open a snapshot the way this server opens them (not yet served: see ``swap``)."""
+        return Snapshot.open(path, self.cache_rows)
 
     def acquire(self) -> Snapshot | None:
         with self._lock:

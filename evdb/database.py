@@ -18,6 +18,7 @@ to exactly the last completed flush, and nothing written after it can leak in.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import io
 import json
@@ -32,7 +33,15 @@ import numpy as np
 
 from evdb import checkpoint as _checkpoint
 from evdb.admission import AdmissionPolicy, AdmitAll
-from evdb.config import DiskConfig, DramConfig, HbmConfig, HbmDevice, TableConfig, parse_hbm
+from evdb.config import (
+    DiskConfig,
+    DramConfig,
+    HbmConfig,
+    HbmDevice,
+    TableConfig,
+    parse_hbm,
+    parse_optional_int,
+)
 from evdb.errors import (
     ConfigError,
     CorruptDataError,
@@ -108,10 +117,21 @@ class Database:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, read_only: bool = False, verify: bool = True
+        self,
+        path: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        verify: bool = True,
+        cache_rows: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.read_only = read_only
+        if cache_rows is not None and not read_only:
+            raise ConfigError(
+                "cache_rows: only for read_only opens; a writer's DRAM size is each table's "
+                "dram_rows"
+            )
+        self._cache_rows = parse_optional_int("cache_rows", cache_rows, 1)
         self._lock = -1
         self._closed = False
         self._tables: dict[str, Table] = {}
@@ -202,6 +222,10 @@ class Database:
                 raise CorruptDataError(f"{self.path}: table {name!r} cannot be loaded ({e})") from e
             if config.hbm is not None:
                 require_device(config.hbm.device)  # this machine, not the data, is at fault
+            if self._cache_rows is not None and config.disk is not None:
+                # read-only: the DRAM tier only caches rows the disk holds, so any size works
+                dram = dataclasses.replace(config.dram, capacity_rows=self._cache_rows)
+                config = dataclasses.replace(config, dram=dram)
             try:
                 state_blob = self._store.get_meta(f"table/{name}")
                 if state_blob is None:
@@ -526,10 +550,18 @@ def _apply_delta(tier: RocksTier, strings: RocksStrings | None, delta: Path) -> 
         tier.put(keys, records, existed=np.zeros(keys.shape[0], dtype=bool))
 
 
-def open(path: str | os.PathLike[str], *, read_only: bool = False, verify: bool = True) -> Database:
+def open(
+    path: str | os.PathLike[str],
+    *,
+    read_only: bool = False,
+    verify: bool = True,
+    cache_rows: int | None = None,
+) -> Database:
     """Open (creating if missing) the database directory at path.
 
     ``read_only=True`` opens the last flushed state without a lock or a working copy (a
     serving snapshot; writes raise ``ReadOnlyError``). A checkpoint's files are checked
-    against its manifest first (``verify=False`` skips that)."""
-    return Database(path, read_only=read_only, verify=verify)
+    against its manifest first (``verify=False`` skips that). ``cache_rows`` (read-only
+    only) sets how many rows each table with a disk tier keeps in DRAM, whatever its
+    ``dram_rows`` was: the cache of a server's hot rows."""
+    return Database(path, read_only=read_only, verify=verify, cache_rows=cache_rows)

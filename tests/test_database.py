@@ -166,3 +166,26 @@ def test_a_dropped_table_stays_dropped_and_its_name_is_reusable(tmp_path: Path) 
 def test_dram_rows_and_dram_config_are_exclusive(db) -> None:
     with pytest.raises(evdb.ConfigError, match="not both"):
         db.create_table("t", dim=2, dram_rows=5, dram=evdb.DramConfig(capacity_rows=5))
+
+
+def test_a_read_only_open_sets_the_dram_cache_size(tmp_path: Path) -> None:
+    """cache_rows: the serving cache. Every row still reads right; DRAM holds at most that
+    many after reads that promote; a writer cannot ask for it."""
+    rng = np.random.default_rng(0)
+    keys = np.arange(300, dtype=np.int64)
+    values = rng.normal(size=(300, 4)).astype(np.float32)
+    with evdb.open(tmp_path / "db") as db:
+        db.create_table("t", dim=4).upsert(keys, values)
+        db.create_table("mem", dim=4, disk=False).upsert(keys, values)
+    with evdb.open(tmp_path / "db", read_only=True, cache_rows=32) as db:
+        t = db.table("t")
+        assert t.config.dram.capacity_rows == 32
+        for chunk in np.array_split(keys, 10):
+            np.testing.assert_array_equal(t.lookup(chunk, promote=True), values[chunk])
+        assert t.stats()["tiers"]["dram"]["rows"] <= 32
+        assert db.table("mem").config.dram.capacity_rows is None  # no disk: left whole
+        np.testing.assert_array_equal(db.table("mem").lookup(keys), values)
+    with pytest.raises(evdb.ConfigError, match="cache_rows: only for read_only"):
+        evdb.open(tmp_path / "db", cache_rows=32)
+    with pytest.raises(evdb.ConfigError, match="cache_rows"):
+        evdb.open(tmp_path / "db", read_only=True, cache_rows=0)

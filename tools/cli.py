@@ -11,7 +11,7 @@ Usage (``evdb`` is also ``python -m evdb``)::
     evdb checkpoint PATH DEST [--base PREV] [--json]
     evdb verify PATH [--json]
     evdb serve PATH [--host H] [--port P] [--workers N] [--token-file F]
-                    [--allow-root DIR]... [--max-keys K]
+                    [--allow-root DIR]... [--max-keys K] [--cache-rows R]
 
 Each subcommand is a ``cmd_<name>`` that calls the library (``evdb``, ``evdb.offline``,
 ``evdb.io.export``) and prints its result: with ``--json`` one JSON object on stdout, otherwise
@@ -525,6 +525,11 @@ def cmd_verify(path: Path, as_json: bool) -> None:
     type=click.IntRange(1),
     help="Most keys in one request (more: 413).",
 )
+@click.option(
+    "--cache-rows",
+    type=click.IntRange(1),
+    help="Rows of each table every worker keeps in DRAM (default: the snapshot's dram_rows).",
+)
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def cmd_serve(
     path: Path,
@@ -534,6 +539,7 @@ def cmd_serve(
     token_file: Path | None,
     allow_roots: tuple[Path, ...],
     max_keys: int,
+    cache_rows: int | None,
     log_level: str,
 ) -> None:
     """Serve the tables of PATH (a serving export, or a database nobody writes to) for
@@ -568,6 +574,8 @@ def cmd_serve(
         "EVDB_ALLOW_ROOTS": os.pathsep.join(str(r.resolve()) for r in roots),
         "EVDB_MAX_KEYS": str(max_keys),
     }
+    if cache_rows is not None:
+        env["EVDB_CACHE_ROWS"] = str(cache_rows)
     if token_file is not None:
         env["EVDB_TOKEN_FILE"] = str(token_file.resolve())
     state_dir = tempfile.mkdtemp(prefix="evdb-serve-") if workers > 1 else None

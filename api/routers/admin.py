@@ -13,7 +13,6 @@ from ..codec import JSON, ApiError, dumps, parse_json, read_body, validate
 from ..deps import holder_of, require_admin, settings_of
 from ..openapi import body_doc
 from ..schemas import Error, ReloadRequest, ReloadResponse
-from ..snapshots import Snapshot
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -39,13 +38,13 @@ async def reload(request: Request) -> Response:
     body = await read_body(request, 1 << 16)
     req = validate(ReloadRequest, parse_json(body))
     path = allowed(Path(req.path), settings_of(request).allow_roots)
+    holder = holder_of(request)
     try:
-        snap = await run_in_threadpool(Snapshot.open, path)
+        snap = await run_in_threadpool(holder.load, path)
     except evdb.DatabaseNotFoundError:
         raise ApiError(404, "path: holds no evdb database or serving export") from None
     except evdb.EvdbError as e:
         raise ApiError(422, f"path: cannot be served ({type(e).__name__}: {e})") from None
-    holder = holder_of(request)
     previous = holder.current
     old = None if previous is None else previous.info()
     holder.swap(snap)

@@ -440,3 +440,20 @@ def test_admin_is_off_without_a_token_file(settings, snapshots) -> None:
             headers={"authorization": f"Bearer {TOKEN}"},
         )
         assert r.status_code == 403 and "--token-file" in r.json()["detail"]
+
+
+def test_cache_rows_sizes_the_serving_cache(settings, reference) -> None:
+    """Settings.cache_rows (evdb serve --cache-rows): each table's DRAM cache holds that many
+    rows (one request's rows stay until the next), and every answer stays Table.lookup's."""
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    keys = (np.arange(300) * 7 - 1000).tolist()
+    with TestClient(create_app(replace(settings, cache_rows=16))) as c:
+        assert c.get("/v1/tables/item").json()["tiers"]["dram"]["capacity"] == 16
+        for start in range(0, 300, 50):
+            r = c.post("/v1/tables/item/lookup", json={"keys": keys[start : start + 50]})
+            want = reference.table("item").lookup(keys[start : start + 50])
+            np.testing.assert_array_equal(np.array(r.json()["embeddings"], np.float32), want)
+        assert c.get("/v1/tables/item").json()["tiers"]["dram"]["rows"] <= 50
