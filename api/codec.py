@@ -9,6 +9,7 @@ echoes the request's raw input back.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -55,7 +56,33 @@ async def read_body(request: Request, limit: int) -> bytes:
         if size > limit:
             raise ApiError(413, f"body: more than the limit of {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    return _inflate(body, encoding, limit)
+
+
+# zlib's wbits per Content-Encoding: gzip framing, or zlib framing ("deflate" in HTTP)
+_WBITS = {"gzip": 31, "deflate": 15}
+
+
+def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """A compressed body (tritonclient's request_compression_algorithm), inflated no further
+    than ``limit`` bytes, so a small bomb cannot grow into a huge buffer."""
+    if encoding not in _WBITS:
+        raise ApiError(415, f"content-encoding: expected gzip, deflate or identity, got "
+                       f"{short(encoding)}")  # fmt: skip
+    inflater = zlib.decompressobj(wbits=_WBITS[encoding])
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise ApiError(422, f"body: not valid {encoding} data ({e})") from None
+    if len(out) > limit:
+        raise ApiError(413, f"body: inflates to more than the limit of {limit} bytes")
+    if not inflater.eof:
+        raise ApiError(422, f"body: {encoding} data ends early")
+    return out
 
 
 def media_type(request: Request) -> str:

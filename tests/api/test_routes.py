@@ -457,3 +457,31 @@ def test_cache_rows_sizes_the_serving_cache(settings, reference) -> None:
             want = reference.table("item").lookup(keys[start : start + 50])
             np.testing.assert_array_equal(np.array(r.json()["embeddings"], np.float32), want)
         assert c.get("/v1/tables/item").json()["tiers"]["dram"]["rows"] <= 50
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_request_bodies(client, reference, encoding) -> None:
+    """Content-Encoding gzip/deflate (tritonclient's request compression) is inflated, but no
+    further than the body limit; a bad stream is a 422, an unknown encoding a 415."""
+    import gzip
+    import zlib
+
+    pack = gzip.compress if encoding == "gzip" else zlib.compress
+    keys = [PRESENT[0], ABSENT[0]]
+    raw = pack(json.dumps({"keys": keys}).encode())
+    headers = {"content-type": "application/json", "content-encoding": encoding}
+    r = client.post("/v1/tables/item/lookup", content=raw, headers=headers)
+    assert r.status_code == 200, r.text
+    want = reference.table("item").lookup(keys)
+    np.testing.assert_array_equal(np.array(r.json()["embeddings"], np.float32), want)
+    bomb = pack(b'{"keys": [' + b" " * 200_000_000 + b"1]}")  # 200 MB of spaces, ~200 KB
+    r = client.post("/v1/tables/item/lookup", content=bomb, headers=headers)
+    assert r.status_code == 413 and "inflates to more than" in r.json()["detail"]
+    r = client.post("/v1/tables/item/lookup", content=raw[:-6], headers=headers)
+    assert r.status_code == 422 and r.json()["detail"].startswith("body: ")
+    r = client.post("/v1/tables/item/lookup", content=b"not compressed", headers=headers)
+    assert r.status_code == 422 and f"not valid {encoding}" in r.json()["detail"]
+    r = client.post(
+        "/v1/tables/item/lookup", content=raw, headers={**headers, "content-encoding": "br"}
+    )
+    assert r.status_code == 415

@@ -78,6 +78,8 @@ def test_serve_answers_then_reloads_every_worker(server, snapshots) -> None:
     result = client.infer("item", [keys], outputs=outputs)
     np.testing.assert_array_equal(result.as_numpy("embeddings"), want[0])
     assert result.as_numpy("found").tolist() == [True, False, True]
+    zipped = client.infer("item", [keys], outputs=outputs, request_compression_algorithm="gzip")
+    np.testing.assert_array_equal(zipped.as_numpy("embeddings"), want[0])
     client.close()
 
     auth = {"authorization": f"Bearer {TOKEN}"}
@@ -96,4 +98,4 @@ def test_serve_answers_then_reloads_every_worker(server, snapshots) -> None:
     route = 'evdb_requests_total{endpoint="/v1/tables/{name}/lookup",status="200",table="item"}'
     counted = [line for line in text.splitlines() if line.startswith(route)]
     assert counted and float(counted[0].split()[-1]) == 13.0, counted
-    assert 'evdb_rows_served_total{table="item"} 42.0' in text  # and 3 by the v2 infer
+    assert 'evdb_rows_served_total{table="item"} 45.0' in text  # and 2 x 3 by the v2 infers
