@@ -3,6 +3,11 @@
 It validates input before anything changes, deduplicates keys, applies admission and TTL,
 stamps ``freq``/``last_step``/``version``, and runs the optimizer; the tier below only stores
 records. See the README's operations table for what each call does on a hit and on a miss.
+
+The training path (``pull``, ``push``) and the row mechanics it shares are here; the bodies of
+the other operations live beside it: ``evdb.reads`` (lookup, contains), ``evdb.writes``
+(upsert, delete), ``evdb.maintenance`` (compact, items, stats) and ``evdb.table_state`` (the
+persistence of what is not rows).
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from evdb import maintenance, reads, table_state, writes
 from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.admission import AdmitAll
 from evdb.arrays import float_matrix
-from evdb.bags import parse_bags
 from evdb.config import TableConfig
 from evdb.dedup import Deduper
 from evdb.errors import CapacityError, InvalidArgumentError
@@ -25,7 +30,7 @@ from evdb.kernels import cpu
 from evdb.kernels.cpu.stamp import stamp_pulled, stamp_pushed
 from evdb.keys import normalize_keys
 from evdb.pulled import Pulled
-from evdb.records import FIELDS, FREQ_MAX, FROZEN, RecordBatch
+from evdb.records import FREQ_MAX, FROZEN, RecordBatch
 from evdb.strings import StringKeeper
 from evdb.tiers import scoring
 from evdb.tiers.base import Tier
@@ -195,66 +200,11 @@ class Table:
             at = at[live]
         rows[at] = self._chain.promote(uniq[at], records, dirty=True)
 
-    def _read_below(self, keys: Int64Array, promote: bool) -> tuple[Float32Array, BoolArray]:
-        """Values of keys the DRAM tier lacks: their rows below where live, else defaults,
-        and which keys had a live row; with ``promote``, the rows found are cached (clean)."""
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        values = np.empty((uniq.shape[0], self.dim), dtype=np.float32)
-        have = np.zeros(uniq.shape[0], dtype=bool)
-        found, records = self._chain.fetch(uniq)
-        if records is not None and len(records):
-            live = records.last_step >= self._min_live()
-            at = np.flatnonzero(found)[live]
-            values[at] = records.values[live]
-            have[at] = True
-            if promote and at.size:  # not victims of their own promotion
-                rows = self._chain.promote(uniq[at], records.take(live), dirty=False)
-                self._chain.evict(self._db.step, self._min_live(), protect=rows)
-        if not have.all():  # defaults only where no row was found (they cost a hash each)
-            values[~have] = self.defaults(uniq[~have])
-        inverse = inverse.ravel()
-        return values[inverse], have[inverse]
-
     def _read_records(self, keys: Any) -> tuple[BoolArray, RecordBatch]:
         """Whole records (slots, freq, last_step, version too) of keys' live rows, from
         whichever tier holds the truth: (found (n,), records of the found keys, in order).
         For checkpoints, exports and tests; changes nothing."""
-        k = self._keys(keys)
-        rows = self._dram.locate(k)
-        uncached = np.flatnonzero(rows < 0)  # an expired cached row hides its copy below
-        rows[self._expired(rows)] = -1
-        found = rows >= 0
-        parts = [(np.flatnonzero(found), self._dram.read(rows[found]))]
-        if uncached.size and self._chain.has_rows_below:
-            hit, records = self._chain.fetch(k[uncached])
-            if records is not None:
-                live = records.last_step >= self._min_live()
-                at = uncached[hit][live]
-                found[at] = True
-                parts.append((at, records.take(live)))
-        order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
-        merged = RecordBatch(
-            *(np.concatenate([getattr(p[1], f) for p in parts])[order] for f in FIELDS)
-        )
-        return found, merged
-
-    def _check_room(self, keys: Int64Array, arg: str) -> None:
-        """Raise before any change if keys cannot all be resident with the pinned batch."""
-        cap = self._dram.capacity_rows
-        if cap is None or self._chain.spill:
-            return
-        rows = self._live_rows(keys)
-        found = rows >= 0
-        pinned_here = np.zeros(rows.shape[0], dtype=bool)
-        pinned_here[found] = self._dram.is_pinned[rows[found]]
-        extra = int(np.count_nonzero(~pinned_here))
-        pinned = self._dram.n_pinned(self._min_live())
-        if pinned + extra > cap:
-            raise CapacityError(
-                f"{arg}: {keys.shape[0]} distinct keys plus {pinned} rows of the batch in "
-                f"flight need {pinned + extra} resident rows, more than dram_rows={cap}, and "
-                "this table has no lower tier to spill to"
-            )
+        return reads.read_records(self, keys)
 
     # -- read path ------------------------------------------------------------------------
     def lookup(
@@ -300,73 +250,7 @@ class Table:
         offsets, (B, dim) float32, one combined vector per bag. One fused kernel probes,
         gathers and combines: no (n, dim) matrix is built for a bag lookup.
         """
-        k = self._keys(keys)
-        n = k.shape[0]
-        plain = offsets is None and weights is None and combiner is None and max_norm is None
-        bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
-        shape = (n if bags is None else bags.n_bags, self.dim)
-        if out is None:
-            out = np.empty(shape, dtype=np.float32)
-        elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise InvalidArgumentError(
-                f"out must be a C-contiguous float32 array of shape {shape}, "
-                f"got {out.dtype} {out.shape}"
-            )
-        if found is not None and (found.shape != (n,) or found.dtype != np.bool_):
-            raise InvalidArgumentError(
-                f"found must be a bool array of shape {(n,)}, got {found.dtype} {found.shape}"
-            )
-        if bags is not None and self._chain.has_rows_below and (self._dram.locate(k) < 0).any():
-            # Some rows may be on disk: read them all, then combine (the fused kernel reads
-            # the DRAM tier only).
-            values = self.lookup(k, promote=promote, found=found)
-            cpu.gather_combine(
-                values,
-                np.arange(n, dtype=np.int64),
-                bags.bounds,
-                bags.weights,
-                bags.combiner,
-                bags.max_norm,
-                out,
-            )
-            return out
-        if bags is not None:
-            kind, seed, a, b = self._default_params()
-            cpu.probe_gather_combine(
-                self._dram.index.slots,
-                self._dram.values,
-                self._dram.last_step,
-                k,
-                bags.bounds,
-                bags.weights,
-                self._min_live(),
-                bags.combiner,
-                bags.max_norm,
-                kind,
-                np.uint64(seed),
-                a,
-                b,
-                out,
-            )
-            if found is not None:
-                found[:] = self.contains(k)
-            return out
-        if self._out_rows.shape[0] < n:
-            self._out_rows = np.empty(n, dtype=np.int64)
-        rows = self._out_rows[:n]
-        missing = self._dram.probe_gather(k, self._min_live(), out, rows)
-        self._chain.count_cache_reads(n - missing, missing)
-        if found is not None:
-            np.greater_equal(rows, 0, out=found)
-        if missing:
-            miss = rows < 0
-            if self._chain.has_rows_below:
-                out[miss], have = self._read_below(k[miss], promote)
-                if found is not None:
-                    found[miss] = have
-            else:
-                out[miss] = self.defaults(k[miss])
-        return out
+        return reads.lookup(self, keys, offsets, weights, combiner, max_norm, out, promote, found)
 
     @property
     def learning_rate(self) -> float:
@@ -379,24 +263,9 @@ class Table:
         the persisted config stay as created."""
         self._optimizer = dataclasses.replace(self._optimizer, lr=lr)  # validates lr
 
-    def _default_params(self) -> tuple[int, int, float, float]:
-        dv = self.config.default_value
-        if dv == "init":
-            return self.config.initializer.kernel_params()
-        return 0, 0, float(dv), 0.0
-
     def contains(self, keys: Any) -> BoolArray:
         """(n,) bool: whether each key has a live row."""
-        k = self._keys(keys)
-        rows = self._dram.locate(k)
-        live = rows >= 0
-        live[self._expired(rows)] = False
-        uncached = np.flatnonzero(rows < 0)
-        if uncached.size and self._chain.has_rows_below:
-            found, records = self._chain.fetch(k[uncached])
-            if records is not None:
-                live[uncached[found]] = records.last_step >= self._min_live()
-        return live
+        return reads.contains(self, keys)
 
     def __len__(self) -> int:
         """Live rows: expired rows do not count, even before ``compact()``."""
@@ -408,14 +277,7 @@ class Table:
 
         The table must not be changed while the iterator is in use.
         """
-        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-            raise InvalidArgumentError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
-        self._db._check_open()
-        min_live = self._min_live()
-        for keys, records in self._chain.scan(chunk_rows):
-            live = records.last_step >= min_live
-            if live.any():
-                yield keys[live], records.values[live]
+        return maintenance.items(self, chunk_rows)
 
     # -- training path --------------------------------------------------------------------
     def _distinct_rows(
@@ -610,60 +472,11 @@ class Table:
         vectors), ``False`` unfreezes them, None leaves existing rows as they were (new rows
         are not frozen).
         """
-        self._db._check_writable()
-        k = self._keys(keys)
-        v = float_matrix(values, (k.shape[0], self.dim), "values")
-        uniq, inverse, _ = self._dedup.unique(k)
-        new_strings = None if self._strings is None else self._strings.check(uniq)
-        last = np.zeros(uniq.shape[0], dtype=np.int64)
-        np.maximum.at(last, inverse, np.arange(k.shape[0], dtype=np.int64))
-        v = v[last]
-        self._check_room(uniq, "keys")
-        version = self._bump_version()
-        rows = self._drop_expired(self._dram.locate(uniq))
-        self._promote_misses(uniq, rows)  # a row on disk keeps its slots and freq
-        have = rows >= 0
-        r = rows[have]
-        self._dram.values[r] = v[have]
-        self._dram.last_step[r] = self._db.step
-        self._dram.version[r] = version
-        self._dram.is_dirty[r] = True
-        if freeze is not None:
-            self._dram.flags[r] = FROZEN if freeze else 0
-        if not have.all():
-            new_keys = uniq[~have]
-            zero = np.zeros(new_keys.shape[0], dtype=np.int64)
-            records = self._fresh_records(new_keys, v[~have], zero, version)
-            if freeze:
-                records.flags[:] = FROZEN
-            rows[~have] = self._chain.create(new_keys, records)
-        self._admission.forget(uniq)
-        # Without a disk tier, the rows just written are not victims of their own insert;
-        # with one, they may go straight down to it.
-        protect = None if self._chain.spill else rows
-        self._chain.evict(self._db.step, self._min_live(), protect=protect)
-        if self._strings is not None:
-            self._strings.store(new_strings, uniq)
+        writes.upsert(self, keys, values, freeze)
 
     def delete(self, keys: Any) -> int:
         """Remove keys' rows and pending admission counts; returns how many live rows went."""
-        self._db._check_writable()
-        k = self._keys(keys)
-        uniq, _, _ = self._dedup.unique(k)
-        rows = self._dram.locate(uniq)
-        cached = rows >= 0
-        n_live = int(np.count_nonzero(cached & ~self._expired(rows)))
-        self._chain.remove_rows(rows[cached])
-        if not cached.all() and self._chain.has_rows_below:
-            _, records = self._chain.remove_uncached(uniq[~cached])
-            if records is not None:
-                n_live += int(np.count_nonzero(records.last_step >= self._min_live()))
-        self._admission.forget(uniq)
-        if self._strings is not None:
-            self._strings.remove(uniq)
-        if n_live:
-            self._bump_version()
-        return n_live
+        return writes.delete(self, keys)
 
     def compact(self) -> dict[str, int]:
         """Reclaim expired rows and rows with L2 norm below ``l2_threshold`` at ``db.step``.
@@ -671,105 +484,25 @@ class Table:
         Returns ``{"expired": n, "l2": m, "admission_forgotten": c}``: rows removed for each
         reason, and stale pending admission counts forgotten (only with a TTL).
         """
-        self._db._check_writable()
-        self._db._check_open()
-        min_live = self._min_live()
-        threshold = self.config.l2_threshold
-        live = self._dram.live_rows()
-        expired = self._dram.last_step[live] < min_live
-        weak = np.zeros_like(expired)
-        if threshold is not None:
-            weak[~expired] = np.linalg.norm(self._dram.values[live[~expired]], axis=1) < threshold
-        self._chain.remove_rows(live[expired | weak])
-        n_expired, n_l2 = int(np.count_nonzero(expired)), int(np.count_nonzero(weak))
-        if self._chain.has_rows_below:  # rows only on disk, a chunk at a time
-            assert self._chain.backing is not None
-            for keys, records in self._chain.backing.scan(65536):
-                mine = self._dram.locate(keys) < 0  # a cached copy was judged above
-                dead = mine & (records.last_step < min_live)
-                drop = dead.copy()
-                if threshold is not None:
-                    drop |= mine & ~dead & (np.linalg.norm(records.values, axis=1) < threshold)
-                if drop.any():
-                    self._chain.remove_fetched(keys[drop], records.last_step[drop])
-                n_expired += int(np.count_nonzero(dead))
-                n_l2 += int(np.count_nonzero(drop & ~dead))
-        forgotten = 0
-        if self.config.ttl_steps is not None:
-            forgotten = self._admission.compact(min_live)
-        if self._strings is not None:  # strings whose row is gone (by any rule, any time)
-            self._strings.drop_orphans(self.contains)
-        if n_expired or n_l2:
-            self._bump_version()
-        return {"expired": n_expired, "l2": n_l2, "admission_forgotten": forgotten}
+        return maintenance.compact(self)
 
     def stats(self) -> dict[str, Any]:
         """Counts that say what the table holds and what its policies did."""
-        policy = self.config.admission
-        return {
-            "name": self.name,
-            "dim": self.dim,
-            "rows": len(self),
-            "step": self._db.step,
-            "version": self._version,
-            "pushes": self._pushes,
-            "tiers": self._chain.stats(),
-            "scratch_bytes": int(self._dedup.nbytes + self._out_rows.nbytes),
-            "admission": {
-                "policy": policy.kind,
-                "min_count": policy.min_count,
-                "not_admitted": self._counters["not_admitted"],
-                **self._admission.stats(),
-            },
-            "expired_on_pull": self._counters["expired_on_pull"],
-            "dropped_gradients": self._counters["dropped_gradients"],
-            "frozen_gradients": self._counters["frozen_gradients"],
-        }
+        return maintenance.stats(self)
 
-    # -- persistence (see evdb.database) ---------------------------------------------------
-    _COUNTERS = ("not_admitted", "expired_on_pull", "dropped_gradients", "frozen_gradients")
-
+    # -- persistence (see evdb.database; the bodies are in evdb.table_state) ----------------
     def _flush(self) -> dict[str, np.ndarray]:
         """Write every dirty row down; returns the table's state that is not rows (counters,
         admission, the step counts of the rows below), for the database's metadata."""
-        self._chain.flush()
-        self._chain.below_steps.live(self._min_live())  # merges the expired steps' counts
-        state: dict[str, np.ndarray] = {
-            "counters": np.array(
-                [
-                    self._version,
-                    self._pushes,
-                    self._dram.evictions,
-                    self._dram.expired_evictions,
-                ]
-                + [self._counters[c] for c in self._COUNTERS],
-                dtype=np.int64,
-            ),
-        }
-        state["uid"] = np.frombuffer(bytes.fromhex(self._uid), dtype=np.uint8)
-        for name, arr in self._admission.to_arrays().items():
-            state[f"admission.{name}"] = arr
-        state.update(self._chain.to_arrays())  # below_steps.*, backing.*
-        return state
+        return table_state.flush(self)
 
     def _checkpoint_info(self) -> dict[str, Any]:
         """What a checkpoint manifest records of the table (after a flush)."""
-        return {"uid": self._uid, "version": self._version, "rows": len(self)}
+        return table_state.checkpoint_info(self)
 
     def _load_state(self, state: dict[str, np.ndarray]) -> None:
         """Restore what ``_flush`` returned (the backing tier already holds the rows)."""
-        if "uid" in state:
-            self._uid = state["uid"].tobytes().hex()
-        c = state["counters"].tolist()
-        self._version, self._pushes, self._dram.evictions, self._dram.expired_evictions = c[:4]
-        saved = c[4:] + [0] * (len(self._COUNTERS) - len(c[4:]))  # counters added later
-        self._counters.update(zip(self._COUNTERS, saved, strict=True))
-        self._admission.load_arrays(_prefixed(state, "admission."))
-        self._chain.load_arrays(state)  # without a disk tier, every row is loaded into DRAM
+        table_state.load(self, state)
 
     def __repr__(self) -> str:
         return f"Table({self.name!r}, dim={self.dim}, key_type={self.config.key_type!r})"
-
-
-def _prefixed(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}

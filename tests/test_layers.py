@@ -16,7 +16,8 @@ LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
     {"evdb", "evdb.database", "evdb.checkpoint"},  # "evdb" is the facade, for callers only
-    {"evdb.table", "evdb.pulled", "evdb.strings"},
+    {"evdb.table", "evdb.pulled", "evdb.strings"}  # Table, and the modules of its method bodies
+    | {"evdb.reads", "evdb.writes", "evdb.maintenance", "evdb.table_state"},
     {"evdb.dedup"},
     {"evdb.tiers"},
     {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"},

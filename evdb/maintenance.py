@@ -1,0 +1,104 @@
+"""A ``Table``'s whole-table operations: ``compact`` (the cached rows, then a scan of the rows
+only on disk), the ``items`` scan and the ``stats`` report.
+
+``Table`` keeps the public methods and their documentation; these functions are their bodies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from evdb._types import Float32Array, Int64Array
+from evdb.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from evdb.table import Table
+
+__all__ = ["compact", "items", "stats"]
+
+_SCAN_ROWS = 65536  # rows only on disk are judged a chunk of this many at a time
+
+
+def compact(table: Table) -> dict[str, int]:
+    """``Table.compact`` (see there)."""
+    table._db._check_writable()
+    table._db._check_open()
+    min_live = table._min_live()
+    threshold = table.config.l2_threshold
+    live = table._dram.live_rows()
+    expired = table._dram.last_step[live] < min_live
+    weak = np.zeros_like(expired)
+    if threshold is not None:
+        weak[~expired] = np.linalg.norm(table._dram.values[live[~expired]], axis=1) < threshold
+    table._chain.remove_rows(live[expired | weak])
+    n_expired, n_l2 = int(np.count_nonzero(expired)), int(np.count_nonzero(weak))
+    if table._chain.has_rows_below:
+        below_expired, below_l2 = _compact_below(table, min_live, threshold)
+        n_expired += below_expired
+        n_l2 += below_l2
+    forgotten = 0
+    if table.config.ttl_steps is not None:
+        forgotten = table._admission.compact(min_live)
+    if table._strings is not None:  # strings whose row is gone (by any rule, any time)
+        table._strings.drop_orphans(table.contains)
+    if n_expired or n_l2:
+        table._bump_version()
+    return {"expired": n_expired, "l2": n_l2, "admission_forgotten": forgotten}
+
+
+def _compact_below(table: Table, min_live: int, threshold: float | None) -> tuple[int, int]:
+    """Remove the expired and weak rows that are only on disk, a chunk at a time; returns
+    how many of each went."""
+    assert table._chain.backing is not None
+    n_expired = n_l2 = 0
+    for keys, records in table._chain.backing.scan(_SCAN_ROWS):
+        mine = table._dram.locate(keys) < 0  # a cached copy was judged by the caller
+        dead = mine & (records.last_step < min_live)
+        drop = dead.copy()
+        if threshold is not None:
+            drop |= mine & ~dead & (np.linalg.norm(records.values, axis=1) < threshold)
+        if drop.any():
+            table._chain.remove_fetched(keys[drop], records.last_step[drop])
+        n_expired += int(np.count_nonzero(dead))
+        n_l2 += int(np.count_nonzero(drop & ~dead))
+    return n_expired, n_l2
+
+
+def items(table: Table, chunk_rows: int) -> Iterator[tuple[Int64Array, Float32Array]]:
+    """``Table.items`` (see there). A generator: like the method before it, it checks its
+    argument at the first ``next``, not at the call."""
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise InvalidArgumentError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+    table._db._check_open()
+    min_live = table._min_live()
+    for keys, records in table._chain.scan(chunk_rows):
+        live = records.last_step >= min_live
+        if live.any():
+            yield keys[live], records.values[live]
+
+
+def stats(table: Table) -> dict[str, Any]:
+    """``Table.stats`` (see there)."""
+    policy = table.config.admission
+    return {
+        "name": table.name,
+        "dim": table.dim,
+        "rows": len(table),
+        "step": table._db.step,
+        "version": table._version,
+        "pushes": table._pushes,
+        "tiers": table._chain.stats(),
+        "scratch_bytes": int(table._dedup.nbytes + table._out_rows.nbytes),
+        "admission": {
+            "policy": policy.kind,
+            "min_count": policy.min_count,
+            "not_admitted": table._counters["not_admitted"],
+            **table._admission.stats(),
+        },
+        "expired_on_pull": table._counters["expired_on_pull"],
+        "dropped_gradients": table._counters["dropped_gradients"],
+        "frozen_gradients": table._counters["frozen_gradients"],
+    }

@@ -1,0 +1,167 @@
+"""A ``Table``'s reads that create no row and count nothing: ``lookup`` (plain and bagged),
+``contains`` and whole-record reads, over the top tier and the tiers below it.
+
+``Table`` keeps the public methods and their documentation; these functions are their bodies.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.bags import parse_bags
+from evdb.errors import InvalidArgumentError
+from evdb.kernels import cpu
+from evdb.records import FIELDS, RecordBatch
+
+if TYPE_CHECKING:
+    from evdb.table import Table
+
+__all__ = ["contains", "lookup", "read_records"]
+
+
+def lookup(
+    table: Table,
+    keys: Any,
+    offsets: Any,
+    weights: Any,
+    combiner: str | None,
+    max_norm: float | None,
+    out: Float32Array | None,
+    promote: bool,
+    found: BoolArray | None,
+) -> Float32Array:
+    """``Table.lookup`` (see there)."""
+    k = table._keys(keys)
+    n = k.shape[0]
+    plain = offsets is None and weights is None and combiner is None and max_norm is None
+    bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
+    shape = (n if bags is None else bags.n_bags, table.dim)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)
+    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise InvalidArgumentError(
+            f"out must be a C-contiguous float32 array of shape {shape}, "
+            f"got {out.dtype} {out.shape}"
+        )
+    if found is not None and (found.shape != (n,) or found.dtype != np.bool_):
+        raise InvalidArgumentError(
+            f"found must be a bool array of shape {(n,)}, got {found.dtype} {found.shape}"
+        )
+    if bags is not None and table._chain.has_rows_below and (table._dram.locate(k) < 0).any():
+        # Some rows may be on disk: read them all, then combine (the fused kernel reads
+        # the DRAM tier only).
+        values = table.lookup(k, promote=promote, found=found)
+        cpu.gather_combine(
+            values,
+            np.arange(n, dtype=np.int64),
+            bags.bounds,
+            bags.weights,
+            bags.combiner,
+            bags.max_norm,
+            out,
+        )
+        return out
+    if bags is not None:
+        kind, seed, a, b = _default_params(table)
+        cpu.probe_gather_combine(
+            table._dram.index.slots,
+            table._dram.values,
+            table._dram.last_step,
+            k,
+            bags.bounds,
+            bags.weights,
+            table._min_live(),
+            bags.combiner,
+            bags.max_norm,
+            kind,
+            np.uint64(seed),
+            a,
+            b,
+            out,
+        )
+        if found is not None:
+            found[:] = table.contains(k)
+        return out
+    if table._out_rows.shape[0] < n:
+        table._out_rows = np.empty(n, dtype=np.int64)
+    rows = table._out_rows[:n]
+    missing = table._dram.probe_gather(k, table._min_live(), out, rows)
+    table._chain.count_cache_reads(n - missing, missing)
+    if found is not None:
+        np.greater_equal(rows, 0, out=found)
+    if missing:
+        miss = rows < 0
+        if table._chain.has_rows_below:
+            out[miss], have = _read_below(table, k[miss], promote)
+            if found is not None:
+                found[miss] = have
+        else:
+            out[miss] = table.defaults(k[miss])
+    return out
+
+
+def _default_params(table: Table) -> tuple[int, int, float, float]:
+    dv = table.config.default_value
+    if dv == "init":
+        return table.config.initializer.kernel_params()
+    return 0, 0, float(dv), 0.0
+
+
+def _read_below(table: Table, keys: Int64Array, promote: bool) -> tuple[Float32Array, BoolArray]:
+    """Values of keys the DRAM tier lacks: their rows below where live, else defaults,
+    and which keys had a live row; with ``promote``, the rows found are cached (clean)."""
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    values = np.empty((uniq.shape[0], table.dim), dtype=np.float32)
+    have = np.zeros(uniq.shape[0], dtype=bool)
+    found, records = table._chain.fetch(uniq)
+    if records is not None and len(records):
+        live = records.last_step >= table._min_live()
+        at = np.flatnonzero(found)[live]
+        values[at] = records.values[live]
+        have[at] = True
+        if promote and at.size:  # not victims of their own promotion
+            rows = table._chain.promote(uniq[at], records.take(live), dirty=False)
+            table._chain.evict(table._db.step, table._min_live(), protect=rows)
+    if not have.all():  # defaults only where no row was found (they cost a hash each)
+        values[~have] = table.defaults(uniq[~have])
+    inverse = inverse.ravel()
+    return values[inverse], have[inverse]
+
+
+def contains(table: Table, keys: Any) -> BoolArray:
+    """``Table.contains`` (see there)."""
+    k = table._keys(keys)
+    rows = table._dram.locate(k)
+    live = rows >= 0
+    live[table._expired(rows)] = False
+    uncached = np.flatnonzero(rows < 0)
+    if uncached.size and table._chain.has_rows_below:
+        found, records = table._chain.fetch(k[uncached])
+        if records is not None:
+            live[uncached[found]] = records.last_step >= table._min_live()
+    return live
+
+
+def read_records(table: Table, keys: Any) -> tuple[BoolArray, RecordBatch]:
+    """``Table._read_records`` (see there)."""
+    k = table._keys(keys)
+    rows = table._dram.locate(k)
+    uncached = np.flatnonzero(rows < 0)  # an expired cached row hides its copy below
+    rows[table._expired(rows)] = -1
+    found = rows >= 0
+    parts = [(np.flatnonzero(found), table._dram.read(rows[found]))]
+    if uncached.size and table._chain.has_rows_below:
+        hit, records = table._chain.fetch(k[uncached])
+        if records is not None:
+            live = records.last_step >= table._min_live()
+            at = uncached[hit][live]
+            found[at] = True
+            parts.append((at, records.take(live)))
+    order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+    merged = RecordBatch(
+        *(np.concatenate([getattr(p[1], f) for p in parts])[order] for f in FIELDS)
+    )
+    return found, merged
