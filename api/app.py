@@ -65,8 +65,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.path is not None and holder.current is None:
-            holder.swap(await run_in_threadpool(holder.load, settings.path))
+        start = holder.published_path() or settings.path  # a later reload wins
+        if start is not None and holder.current is None:
+            holder.swap(await run_in_threadpool(holder.load, start))
             holder.reloads = 0
         yield
         holder.close()

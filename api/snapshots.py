@@ -75,7 +75,9 @@ class SnapshotHolder:
         self.cache_rows = cache_rows
         self._current = snapshot
         self.state_file = state_file
-        self._state_mtime = _mtime(state_file)
+        # None: a worker that starts after a reload (uvicorn restarts one that died) reads the
+        # published path at once, rather than serving the snapshot it was started with.
+        self._state_mtime: tuple[int, int] | None = None
         self.reloads = 0
 
     @property

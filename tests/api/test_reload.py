@@ -90,5 +90,7 @@ def test_a_reload_reaches_the_other_workers(settings, snapshots, tmp_path) -> No
         assert new != version[0]
         assert b.get("/v1/tables").json()["snapshot"]["version"] == new
         assert a.get("/v1/tables").json()["snapshot"]["version"] == new
+        with TestClient(create_app(shared)) as restarted:  # a worker started after the reload
+            assert restarted.get("/v1/tables").json()["snapshot"]["version"] == new
         r = a.post("/v1/admin/reload", json={"path": str(snapshots[0])}, headers=auth)
         assert b.get("/v1/tables").json()["snapshot"]["version"] == version[0]
