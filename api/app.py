@@ -65,9 +65,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        start = holder.published_path() or settings.path  # a later reload wins
+        published = holder.published_path()  # a reload taken before this worker started wins
+        start = published or settings.path
         if start is not None and holder.current is None:
-            holder.swap(await run_in_threadpool(holder.load, start))
+            # Checksums are read once per snapshot, not once per worker: evdb serve checked
+            # the start path before its workers started, and a worker checked a reload before
+            # it published it.
+            checked = published is not None or settings.path_verified
+            holder.swap(await run_in_threadpool(holder.load, start, verify=not checked))
             holder.reloads = 0
         yield
         holder.close()
@@ -124,7 +129,9 @@ class FollowReloads:
             path = self.holder.published_path()
             if path is not None:
                 try:
-                    self.holder.swap(await run_in_threadpool(self.holder.load, path))
+                    # the worker that took the reload checked its checksums before publishing
+                    snap = await run_in_threadpool(self.holder.load, path, verify=False)
+                    self.holder.swap(snap)
                 except evdb.EvdbError:
                     log.exception("cannot follow the reload to %s; serving the old snapshot", path)
         await self.app(scope, receive, send)

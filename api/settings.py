@@ -12,6 +12,8 @@ variable                   meaning
 ``EVDB_ALLOW_ROOTS``       directories (``os.pathsep``-separated) reload may open from
 ``EVDB_MAX_KEYS``          most keys in one request (default 100,000)
 ``EVDB_CACHE_ROWS``        rows of each table kept in DRAM (default: the snapshot's own)
+``EVDB_PATH_VERIFIED``     ``1``: ``EVDB_PATH``'s checksums were checked (by ``evdb serve``,
+                           once for all its workers), so workers do not read them again
 ``EVDB_STATE_FILE``        with several workers: the file through which a reload that one
                            worker took tells the others (``evdb serve`` makes it)
 ``PROMETHEUS_MULTIPROC_    with several workers: prometheus-client's folder of per-process
@@ -36,6 +38,7 @@ class Settings:
     allow_roots: tuple[Path, ...] = field(default_factory=tuple)
     max_keys: int = DEFAULT_MAX_KEYS
     cache_rows: int | None = None
+    path_verified: bool = False
     state_file: Path | None = None
     metrics_dir: Path | None = None
 
@@ -73,6 +76,7 @@ def get_settings() -> Settings:
         allow_roots=tuple(Path(r).resolve() for r in roots.split(os.pathsep) if r),
         max_keys=int(env.get("EVDB_MAX_KEYS", DEFAULT_MAX_KEYS)),
         cache_rows=int(env["EVDB_CACHE_ROWS"]) if env.get("EVDB_CACHE_ROWS") else None,
+        path_verified=env.get("EVDB_PATH_VERIFIED") == "1",
         state_file=Path(state) if state else None,
         metrics_dir=Path(metrics_dir) if metrics_dir else None,
     )

@@ -37,11 +37,11 @@ class Snapshot:
     _retired: bool = False
 
     @classmethod
-    def open(cls, path: Path, cache_rows: int | None = None) -> Snapshot:
-        """Open ``path`` read-only (checksums verified; ``cache_rows`` rows of each table in
-        DRAM) and name its version: a hash of its manifest (an export or checkpoint) or of
-        its pointer file (a database)."""
-        db = evdb.open(path, read_only=True, cache_rows=cache_rows)
+    def open(cls, path: Path, cache_rows: int | None = None, *, verify: bool = True) -> Snapshot:
+        """Open ``path`` read-only (checksums verified unless ``verify=False``; ``cache_rows``
+        rows of each table in DRAM) and name its version: a hash of its manifest (an export
+        or checkpoint) or of its pointer file (a database)."""
+        db = evdb.open(path, read_only=True, verify=verify, cache_rows=cache_rows)
         try:
             tag = path / "MANIFEST.json"
             if not tag.exists():
@@ -84,9 +84,10 @@ class SnapshotHolder:
     def current(self) -> Snapshot | None:
         return self._current
 
-    def load(self, path: Path) -> Snapshot:
-        """Open a snapshot the way this server opens them (not yet served: see ``swap``)."""
-        return Snapshot.open(path, self.cache_rows)
+    def load(self, path: Path, *, verify: bool = True) -> Snapshot:
+        """Open a snapshot the way this server opens them (not yet served: see ``swap``).
+        ``verify=False`` where another process checked its checksums already."""
+        return Snapshot.open(path, self.cache_rows, verify=verify)
 
     def acquire(self) -> Snapshot | None:
         with self._lock:

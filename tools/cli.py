@@ -562,7 +562,8 @@ def cmd_serve(
             f"evdb serve needs the serve extra: pip install 'evdb[serve]' ({e})"
         ) from None
     _require_path(path, "path", "evdb database or serving export")
-    evdb.open(path, read_only=True).close()  # fail here, once, rather than in each worker
+    # Fail here, once, rather than in each worker; the workers then skip the checksum pass.
+    evdb.open(path, read_only=True).close()
     if token_file is not None:
         try:
             read_token(token_file)
@@ -571,6 +572,7 @@ def cmd_serve(
     roots = allow_roots or (path.resolve().parent,)
     env = {
         "EVDB_PATH": str(path.resolve()),
+        "EVDB_PATH_VERIFIED": "1",
         "EVDB_ALLOW_ROOTS": os.pathsep.join(str(r.resolve()) for r in roots),
         "EVDB_MAX_KEYS": str(max_keys),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,3 +95,31 @@ def test_a_reload_reaches_the_other_workers(settings, snapshots, tmp_path) -> No
             assert restarted.get("/v1/tables").json()["snapshot"]["version"] == new
         r = a.post("/v1/admin/reload", json={"path": str(snapshots[0])}, headers=auth)
         assert b.get("/v1/tables").json()["snapshot"]["version"] == version[0]
+
+
+def test_checksums_are_read_once_per_snapshot(settings, snapshots, tmp_path, monkeypatch) -> None:
+    """A start path evdb serve checked, and a reload another worker checked and published,
+    open without a second checksum pass; a reload taken here is checked."""
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from evdb.api import create_app
+
+    real_open = evdb.open
+    verified: list[tuple[str, bool]] = []
+
+    def spy(path, **kwargs):  # type: ignore[no-untyped-def]
+        verified.append((Path(path).name, kwargs["verify"]))
+        return real_open(path, **kwargs)
+
+    monkeypatch.setattr("evdb.api.snapshots.evdb.open", spy)
+    shared = replace(settings, state_file=tmp_path / "snapshot", path_verified=True)
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    with TestClient(create_app(shared)) as a, TestClient(create_app(shared)) as b:
+        assert verified == [("v1", False), ("v1", False)]
+        a.post("/v1/admin/reload", json={"path": str(snapshots[1])}, headers=auth)
+        b.get("/v1/tables")  # b follows
+        assert verified[2:] == [("v2", True), ("v2", False)]
+    with TestClient(create_app(replace(settings, path_verified=False))):
+        assert verified[-1] == ("v1", True)
