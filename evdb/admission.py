@@ -70,6 +70,9 @@ class AdmissionPolicy:
     """Base of admission configs."""
 
     kind: ClassVar[str] = ""
+    counts_pulls: ClassVar[bool] = True
+    """False when every key is admitted on its first pull: nothing to count, so ``pull``
+    skips the admission state."""
     min_count: int = 1
 
     def admit(self, totals: Int64Array) -> BoolArray:
@@ -93,6 +96,7 @@ class AdmitAll(AdmissionPolicy):
     """Every pulled key is admitted on its first pull."""
 
     kind: ClassVar[str] = "all"
+    counts_pulls: ClassVar[bool] = False
     min_count: int = 1
 
     def __post_init__(self) -> None:

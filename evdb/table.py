@@ -21,7 +21,6 @@ import numpy as np
 
 from evdb import maintenance, reads, table_state, writes
 from evdb._types import BoolArray, Float32Array, Int64Array
-from evdb.admission import AdmitAll
 from evdb.arrays import float_matrix
 from evdb.config import TableConfig
 from evdb.dedup import Deduper
@@ -340,7 +339,7 @@ class Table:
         u = uniq.shape[0]
         if n_have < u:
             miss = np.flatnonzero(rows < 0)
-            if type(self.config.admission) is AdmitAll:  # every key is admitted at once
+            if not self.config.admission.counts_pulls:  # every key is admitted at once
                 new, totals = miss, counts[miss]
             else:
                 totals = self._admission.observe(uniq[miss], counts[miss], self._db.step)
@@ -401,7 +400,6 @@ class Table:
         and change nothing.
         """
         self._db._check_writable()
-        self._db._check_open()
         if not isinstance(pulled, Pulled) or pulled.table != self.name:
             raise InvalidArgumentError(
                 f"pulled must be what {self.name!r}.pull() returned, got {type(pulled).__name__}"
