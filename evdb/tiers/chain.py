@@ -421,27 +421,9 @@ class ChainTier(Tier):
         return gone
 
     def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
-        """Every row once: the cached ones, then the rows below that the cache does not hold.
-        A caller may remove rows of a chunk before asking for the next (``compact`` does)."""
-        cache = self.chain.cache
-        keys = cache.row_keys[cache.live_rows()]  # a copy: rows freed meanwhile are skipped
-        for start in range(0, keys.shape[0], chunk_rows):
-            part = keys[start : start + chunk_rows]
-            rows = cache.locate(part)
-            there = rows >= 0
-            if there.all():
-                yield part, cache.read(rows)
-            elif there.any():
-                yield part[there], cache.read(rows[there])
-        if not self.chain.has_rows_below:
-            return
-        assert self.chain.backing is not None
-        for part, records in self.chain.backing.scan(chunk_rows):
-            uncached = cache.locate(part) < 0
-            if uncached.all():
-                yield part, records
-            elif uncached.any():
-                yield part[uncached], records.take(uncached)
+        """Every row once (the chain's scan). A caller may remove rows of a chunk before
+        asking for the next (``compact`` does)."""
+        yield from self.chain.scan(chunk_rows)
 
     def flush(self) -> None:
         self.chain.flush()

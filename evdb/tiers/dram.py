@@ -211,10 +211,17 @@ class DramTier(Tier):
         return found
 
     def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
+        """Every live row once, a chunk at a time. A caller may remove rows between chunks
+        (``compact`` does): a row freed meanwhile, or reused by another key, is skipped."""
         live = self.live_rows()
+        keys = self.row_keys[live]  # each row's key when the scan began
         for start in range(0, live.shape[0], chunk_rows):
             rows = live[start : start + chunk_rows]
-            yield self.row_keys[rows], self.read(rows)
+            same = self.is_live[rows] & (self.row_keys[rows] == keys[start : start + chunk_rows])
+            if not same.all():
+                rows = rows[same]
+            if rows.shape[0]:
+                yield self.row_keys[rows], self.read(rows)
 
     # -- the batch in flight and eviction -------------------------------------------------
     def pin(self, rows: Int64Array) -> None:
