@@ -41,6 +41,11 @@ def body_doc(
     return {"requestBody": {"required": True, "content": content}, "parameters": params}
 
 
+def error_responses(model: type[BaseModel], *codes: int) -> dict[int | str, dict[str, Any]]:
+    """A route's documented refusals: each status code answered with ``model``'s body."""
+    return {code: {"model": model} for code in codes}
+
+
 def install(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

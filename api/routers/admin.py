@@ -11,7 +11,7 @@ import evdb
 
 from ..codec import JSON, ApiError, dumps, parse_json, read_body, validate
 from ..deps import holder_of, require_admin, settings_of
-from ..openapi import body_doc
+from ..openapi import body_doc, error_responses
 from ..schemas import Error, ReloadRequest, ReloadResponse
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -28,7 +28,7 @@ def allowed(path: Path, roots: tuple[Path, ...]) -> Path:
 @router.post(
     "/reload",
     response_model=ReloadResponse,
-    responses={code: {"model": Error} for code in (401, 403, 404, 413, 422)},
+    responses=error_responses(Error, 401, 403, 404, 413, 422),
     openapi_extra=body_doc(ReloadRequest),
 )
 async def reload(request: Request) -> Response:

@@ -33,7 +33,7 @@ from ..codec import (
 )
 from ..deps import holder_of, settings_of, table_of, use_snapshot
 from ..lookup import check_count, lookup_rows
-from ..openapi import body_doc
+from ..openapi import body_doc, error_responses
 from ..schemas import (
     InferError,
     InferRequest,
@@ -47,9 +47,7 @@ from ..schemas import (
 from ..snapshots import Snapshot
 
 router = APIRouter(prefix="/v2", tags=["kserve v2"])
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": InferError} for code in (404, 413, 422, 503)
-}
+ERRORS = error_responses(InferError, 404, 413, 422, 503)
 EXTENSIONS = ["binary_tensor_data"]
 
 

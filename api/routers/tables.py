@@ -24,7 +24,7 @@ from ..codec import (
 )
 from ..deps import settings_of, table_of, use_snapshot
 from ..lookup import check_count, lookup_rows
-from ..openapi import body_doc
+from ..openapi import body_doc, error_responses
 from ..schemas import (
     Error,
     IntLookupRequest,
@@ -36,9 +36,7 @@ from ..schemas import (
 )
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"])
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Error} for code in (404, 413, 415, 422, 503)
-}
+ERRORS = error_responses(Error, 404, 413, 415, 422, 503)
 
 OCTET_KEYS = "Little-endian int64 keys, 8 bytes each (int64 tables; no bags)."
 
