@@ -21,6 +21,7 @@ import collections
 import itertools
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -105,6 +106,29 @@ def link_or_copy_tree(src: Path, dest: Path) -> None:
         shutil.copy2(entry.path, target)
 
 
+def _shadow(src: Path) -> Path:
+    """A private directory that RocksDB can open read-only in place of src: a symbolic link
+    to each of src's files, except rocksdict's own config file, which is copied (rocksdict
+    writes it on every open; through a link it would rewrite the snapshot's copy). Whatever
+    RocksDB or rocksdict write (the config, an info LOG) lands in the shadow, which
+    ``RocksStore.close`` removes. Links, not hard links: the snapshot may be on another file
+    system or not writable."""
+    if not src.is_dir():
+        raise CorruptDataError(f"{src}: RocksDB directory is missing")
+    shadow = Path(tempfile.mkdtemp(prefix="evdb-ro-"))
+    try:
+        for entry in os.scandir(src):
+            target = shadow / entry.name
+            if entry.name == "rocksdict-config.json":
+                shutil.copyfile(entry.path, target)
+            else:
+                os.symlink(os.path.abspath(entry.path), target)
+    except BaseException:
+        shutil.rmtree(shadow, ignore_errors=True)
+        raise
+    return shadow
+
+
 class RocksStore:
     """The database's RocksDB: column families, metadata, checkpoints.
 
@@ -126,9 +150,13 @@ class RocksStore:
         access = (
             rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
         )
+        # rocksdict rewrites its rocksdict-config.json on every open, read-only included, so a
+        # read-only open goes through a private shadow of links (see _shadow): the snapshot
+        # itself keeps every byte and mtime, and any number of processes may open it at once.
+        self._shadow = _shadow(self.path) if read_only else None
         try:
             self.db = rocksdict.Rdict(
-                str(self.path),
+                str(self.path if self._shadow is None else self._shadow),
                 _options("none", self._cache),  # the default family holds metadata only
                 column_families={
                     name: _options(c, self._cache) for name, c in self._compression.items()
@@ -136,6 +164,7 @@ class RocksStore:
                 access_type=access,
             )
         except Exception as e:  # rocksdict raises plain Exception for corruption
+            self._remove_shadow()
             raise CorruptDataError(f"{self.path}: RocksDB cannot open ({e})") from e
         self._write = rocksdict.WriteOptions()
         # (a property at runtime, though rocksdict's stubs declare a method)
@@ -219,6 +248,12 @@ class RocksStore:
             handle.close()
         self._handles.clear()
         self.db.close()
+        self._remove_shadow()
+
+    def _remove_shadow(self) -> None:
+        if self._shadow is not None:
+            shutil.rmtree(self._shadow, ignore_errors=True)
+            self._shadow = None
 
     def compact_range(self, column_family: str | None = None) -> None:
         """RocksDB manual compaction of one column family's whole key range (of every column

@@ -1,0 +1,86 @@
+"""Read-only means read-only: opening a checkpoint, a serving export or a closed database with
+``read_only=True`` changes no byte and no mtime under it, even from several processes at once
+(ranks restoring shards and ``evdb serve --workers N`` both do that)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import evdb
+
+_READER = textwrap.dedent(
+    """
+    import sys, numpy as np, evdb
+    path, rounds = sys.argv[1], int(sys.argv[2])
+    for _ in range(rounds):
+        with evdb.open(path, read_only=True) as db:  # verify=True: reads every checksum
+            t = db.table("item")
+            v = t.lookup(np.arange(64))
+            assert np.allclose(v[:32], np.arange(32)[:, None]), v[:4]
+            assert len(t) == 32
+    print("ok")
+    """
+)
+
+
+def _fingerprint(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every file's and directory's mtime, size and bytes (directories: their entry names)."""
+    out = {}
+    for p in [*sorted(root.rglob("*")), root]:
+        st = p.lstat()
+        body = (
+            p.read_bytes()
+            if p.is_file()
+            else "\n".join(sorted(x.name for x in p.iterdir())).encode()
+        )
+        out[str(p.relative_to(root))] = (st.st_mtime_ns, st.st_size, body)
+    return out
+
+
+@pytest.fixture(scope="module")
+def snapshots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("ro")
+    with evdb.open(root / "db") as db:
+        t = db.create_table("item", dim=4, dram_rows=8)  # most rows on disk
+        keys = np.arange(32)
+        t.upsert(keys, np.repeat(keys[:, None], 4, axis=1).astype(np.float32))
+        db.checkpoint(root / "checkpoint")
+        evdb.export(db, root / "serving")
+    return {"checkpoint": root / "checkpoint", "serving": root / "serving", "database": root / "db"}
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "serving", "database"])
+def test_concurrent_read_only_opens_change_nothing(snapshots: dict[str, Path], kind: str) -> None:
+    path = snapshots[kind]
+    before = _fingerprint(path)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _READER, str(path), "5"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+    after = _fingerprint(path)
+    changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+    assert changed == [], f"a read-only open changed {changed}"
+
+
+def test_read_only_open_leaves_no_shadow_behind(snapshots: dict[str, Path]) -> None:
+    db = evdb.open(snapshots["checkpoint"], read_only=True)
+    shadow = db._store._shadow
+    assert shadow is not None and shadow.is_dir()
+    assert (shadow / "rocksdict-config.json").is_file()
+    assert not (shadow / "rocksdict-config.json").is_symlink()  # written there, not through
+    db.close()
+    assert not shadow.exists()
