@@ -1,4 +1,5 @@
-"""Validation of the float matrices callers hand in (values, gradients): dtype, shape, finite."""
+"""Validation of the arrays callers hand in: float matrices (values, gradients: dtype, shape,
+finite) and occurrence counts."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from evdb._types import Float32Array
+from evdb._types import Float32Array, Int64Array
 from evdb.errors import InvalidArgumentError, InvalidTypeError
 
 
@@ -28,3 +29,17 @@ def float_matrix(x: Any, shape: tuple[int, int], arg: str) -> Float32Array:
         i, j = (int(v) for v in np.argwhere(bad)[0])
         raise InvalidArgumentError(f"{arg}[{i}, {j}] = {arr[i, j]} is not finite as float32")
     return out
+
+
+def occurrence_counts(x: Any, n: int, arg: str) -> Int64Array:
+    """x as (n,) int64 counts, each >= 1, or raise naming the first bad element."""
+    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        raise InvalidTypeError(f"{arg} must be an integer array, got dtype {arr.dtype}")
+    if arr.shape != (n,):
+        raise InvalidArgumentError(f"{arg} must have shape ({n},), one per key, got {arr.shape}")
+    bad = np.flatnonzero(arr < 1)
+    if bad.size:
+        i = int(bad[0])
+        raise InvalidArgumentError(f"{arg}[{i}] = {arr[i]}: counts must be >= 1")
+    return arr.astype(np.int64, copy=False)

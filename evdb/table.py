@@ -21,7 +21,7 @@ import numpy as np
 
 from evdb import maintenance, reads, table_state, writes
 from evdb._types import BoolArray, Float32Array, Int64Array
-from evdb.arrays import float_matrix
+from evdb.arrays import float_matrix, occurrence_counts
 from evdb.config import TableConfig
 from evdb.dedup import Deduper
 from evdb.errors import CapacityError, InvalidArgumentError
@@ -298,17 +298,28 @@ class Table:
         u = cpu.unique_inverse(k, self._dedup.scratch, uniq, inverse, counts)
         return uniq[:u], inverse, counts[:u], self._dram.locate(uniq[:u])
 
-    def pull(self, keys: Any) -> Pulled:
+    def pull(self, keys: Any, *, counts: Any = None) -> Pulled:
         """Training read at ``db.step``: count, admit, create and return the batch's rows.
 
         Every occurrence counts toward admission; a key is admitted on the pull in which its
         count reaches ``min_count``. Admitted keys get (or keep) a row stamped with
         ``last_step = db.step``; an expired row starts afresh. The batch's rows are protected
         from eviction until its ``push`` or the next ``pull``.
+
+        ``counts`` (n,) int >= 1, optional, says how many occurrences each key stands for
+        (admission and ``freq`` count them; 1 each by default): a shard's owner pulls the
+        distinct keys of every rank with their counts (``evdb.distributed``).
         """
         self._db._check_writable()
         k = self._keys(keys)
+        given = None if counts is None else occurrence_counts(counts, k.shape[0], "counts")
         uniq, inverse, counts, found = self._distinct_rows(k)
+        # counts: positions per distinct key (combine and per-position push use them);
+        # occurrences: what admission and freq count
+        occurrences = counts
+        if given is not None:
+            occurrences = np.zeros(uniq.shape[0], dtype=np.int64)
+            np.add.at(occurrences, inverse, given)
         new_strings = None if self._strings is None else self._strings.check(uniq)
         cap = self._dram.capacity_rows
         if cap is not None and uniq.shape[0] > cap and not self._chain.spill:
@@ -327,7 +338,7 @@ class Table:
         dram = self._dram
         n_have = stamp_pulled(
             rows,
-            counts,
+            occurrences,
             self._db.step,
             version,
             int(FREQ_MAX),
@@ -340,9 +351,9 @@ class Table:
         if n_have < u:
             miss = np.flatnonzero(rows < 0)
             if not self.config.admission.counts_pulls:  # every key is admitted at once
-                new, totals = miss, counts[miss]
+                new, totals = miss, occurrences[miss]
             else:
-                totals = self._admission.observe(uniq[miss], counts[miss], self._db.step)
+                totals = self._admission.observe(uniq[miss], occurrences[miss], self._db.step)
                 ok = self.config.admission.admit(totals)
                 new, totals = miss[ok], totals[ok]
             if new.size:

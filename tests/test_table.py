@@ -80,6 +80,33 @@ def test_a_new_row_counts_the_pulls_that_admitted_it(db) -> None:
     assert t._dram.freq[t._dram.locate(np.array([5]))].tolist() == [3]
 
 
+def test_pull_with_counts_counts_each_key_that_many_times(db) -> None:
+    """counts= (what a shard's owner passes): a key given once with count c is admitted and
+    stamped exactly as c occurrences would be; positions (combine, per-position push) stay
+    the keys given."""
+    counter = evdb.admission.Counter(min_count=4)
+    a = db.create_table("a", dim=2, admission=counter)
+    b = db.create_table("b", dim=2, admission=counter)
+    pa = a.pull([5, 6, 5, 5])
+    pb = b.pull([5, 6, 5], counts=[2, 1, 1])
+    assert pb.keys.tolist() == [5, 6] and pb.counts.tolist() == [2, 1]
+    assert pa.admitted.tolist() == pb.admitted.tolist() == [False, False]
+    a.pull([5, 6])
+    pb = b.pull([6, 5], counts=[1, 1])
+    assert pb.admitted.tolist() == [False, True]  # 5 reached 4 occurrences, 6 has 2
+    assert b._dram.freq[b._dram.locate(np.array([5]))].tolist() == [4]
+    assert len(a) == len(b) == 1
+    before = b.stats()
+    for bad, message in (
+        ([1, 0], r"counts\[1\] = 0"),
+        ([1], r"shape \(2,\)"),
+        ([1.0, 2.0], "integer"),
+    ):
+        with pytest.raises(evdb.EvdbError, match=message):
+            b.pull([7, 8], counts=bad)
+    assert b.stats() == before
+
+
 def test_ttl_expires_strictly_after_ttl_steps(db) -> None:
     t = db.create_table("t", dim=2, ttl_steps=5)
     t.upsert([1], [[9.0, 9.0]])
