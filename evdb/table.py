@@ -278,6 +278,36 @@ class Table:
         """
         return maintenance.items(self, chunk_rows)
 
+    def neighbors(
+        self, query: Any, k: int = 10, metric: str = "cosine", *, as_strings: bool = False
+    ) -> tuple[Any, Float32Array]:
+        """Exact top-k nearest neighbours of a key or a vector among the live rows.
+
+        Parameters
+        ----------
+        query : int or str key, or (dim,) float array-like
+            A key (its row, or its default value without one; the key itself is left out of
+            the answer, as gensim's ``most_similar`` leaves out the word), or a vector.
+        k : int
+            How many neighbours (fewer when the table has fewer live rows).
+        metric : "cosine" | "dot" | "l2"
+            Cosine similarity (a row of norm 0 scores 0), dot product, or L2 distance.
+        as_strings : bool
+            Return the keys' original strings (a table with ``keep_strings=True``).
+
+        Returns
+        -------
+        keys : (m,) int64, or a list of str (None where unknown) with ``as_strings``
+        scores : (m,) float32
+            Nearest first: highest similarity, or lowest distance for l2; ties by key.
+
+        Every live row is scored, streamed through the tiers a chunk at a time (a table
+        larger than memory works), one matmul per chunk; see ``evdb.neighbors``.
+        """
+        from evdb.neighbors import neighbors  # a leaf module: imported where it is used
+
+        return neighbors(self, query, k, metric, as_strings)
+
     # -- training path --------------------------------------------------------------------
     def _distinct_rows(
         self, k: Int64Array

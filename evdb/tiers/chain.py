@@ -233,6 +233,12 @@ class TierChain:
         """Every row once (expired ones included): the cached copies, then the rows below
         that the cache does not hold."""
         yield from self.cache.scan(chunk_rows)
+        yield from self.scan_below(chunk_rows)
+
+    def scan_below(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
+        """The second half of ``scan``: every row below that the cache does not hold (a
+        caller that reads the cache's own arrays in place, as ``Table.neighbors`` does, then
+        reads the rest from here)."""
         if not self.has_rows_below:
             return
         high = self.cache.alloc.high_water

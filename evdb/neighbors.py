@@ -1,0 +1,219 @@
+"""``Table.neighbors``: exact top-k nearest neighbours of a key or a vector over every live row.
+
+The scan streams through the tiers a chunk at a time, so a table larger than memory works and
+memory stays at a few chunks: the cached rows are scored in place on the top tier's slab (a
+block of rows per matmul, no gather), then the rows only on disk come up ``chunk_rows`` at a
+time from the chain's scan. Each chunk costs one numpy matmul and one ``argpartition``; the
+chunk's candidates (every row scoring at least the chunk's k-th best, so ties survive) merge
+into the running top-k, which is ordered by score and then by key.
+
+``Table`` keeps the public method and its documentation; :func:`neighbors` is its body and
+:func:`neighbors_reference` the plain specification the tests compare it against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from evdb._types import Float32Array, Int64Array
+from evdb.errors import InvalidArgumentError
+from evdb.keys import normalize_keys
+
+if TYPE_CHECKING:
+    from evdb.table import Table
+
+__all__ = ["METRICS", "neighbors", "neighbors_reference"]
+
+METRICS = ("cosine", "dot", "l2")
+# Slab rows scored per matmul. 8,192 rows of dim 64 are 2 MiB, so the second pass a chunk
+# needs (row norms for cosine and l2) still finds it in cache.
+_BLOCK_ROWS = 8192
+_DISK_CHUNK_ROWS = 65536  # rows only on disk, read a chunk of this many at a time
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise InvalidArgumentError(f"k must be an int >= 1, got {k!r}")
+    return int(k)
+
+
+def _check_metric(metric: Any) -> str:
+    if metric not in METRICS:
+        raise InvalidArgumentError(f"metric must be one of {METRICS}, got {metric!r}")
+    return str(metric)
+
+
+def _is_key(query: Any) -> bool:
+    """A scalar (int or str) is a key; anything else is taken for a vector."""
+    return isinstance(query, (int, np.integer, str, bytes)) and not isinstance(query, bool)
+
+
+def query_vector(table: Table, query: Any) -> tuple[Float32Array, int | None]:
+    """The (dim,) float32 query and the key to leave out of the answer (the query key itself,
+    as gensim's ``most_similar`` leaves out the word), or None for a vector query."""
+    if _is_key(query):
+        key = normalize_keys([query], table.config.key_type, arg="query")
+        return table.lookup(key)[0], int(key[0])
+    if isinstance(query, bool) or query is None:
+        raise InvalidArgumentError(f"query must be a key or a vector, got {query!r}")
+    try:
+        vec = np.asarray(query, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"query must be a key or a vector of {table.dim} floats, got {type(query).__name__}"
+        ) from None
+    if vec.shape != (table.dim,):
+        raise InvalidArgumentError(
+            f"query: a vector must have shape ({table.dim},), got {vec.shape}"
+        )
+    bad = np.flatnonzero(~np.isfinite(vec))
+    if bad.size:
+        raise InvalidArgumentError(f"query[{bad[0]}] is not finite: {vec[bad[0]]!r}")
+    return vec.astype(np.float32), None
+
+
+def _prepare(
+    table: Table, query: Any, k: Any, metric: Any
+) -> tuple[Float32Array, int | None, int, str]:
+    """Every argument checked before any row is read (bad input changes nothing)."""
+    k = _check_k(k)
+    metric = _check_metric(metric)
+    table._db._check_open()
+    q, exclude = query_vector(table, query)
+    if metric == "cosine" and not np.any(q):
+        raise InvalidArgumentError("query: a zero vector has no cosine similarity")
+    return q, exclude, k, metric
+
+
+class _TopK:
+    """The best k (score, key) pairs seen so far: higher score first, then lower key."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.scores = np.empty(0, dtype=np.float32)
+        self.keys = np.empty(0, dtype=np.int64)
+
+    def offer(self, scores: Float32Array, keys: Int64Array) -> None:
+        k = self.k
+        if self.keys.shape[0] == k:  # only rows at least as good as the current k-th count
+            keep = scores >= self.scores[-1]
+            if not keep.any():
+                return
+            scores, keys = scores[keep], keys[keep]
+        if scores.shape[0] > k:  # every row tied with the chunk's k-th survives
+            kth = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
+            keep = scores >= kth
+            scores, keys = scores[keep], keys[keep]
+        scores = np.concatenate([self.scores, scores])
+        keys = np.concatenate([self.keys, keys])
+        order = np.lexsort((keys, -scores))[:k]
+        self.scores, self.keys = scores[order], keys[order]
+
+
+def _score(values: Float32Array, q: Float32Array, q_norm: float, metric: str) -> Float32Array:
+    """(m,) float32 scores, higher is nearer: cosine, dot, or minus the squared L2 distance.
+    A row of norm 0 has cosine 0."""
+    dots: Float32Array = values @ q
+    if metric == "dot":
+        return dots
+    sq = np.einsum("ij,ij->i", values, values)
+    scores: Float32Array
+    if metric == "l2":
+        scores = 2 * dots - sq - np.float32(q_norm * q_norm)
+        return scores
+    norms = np.sqrt(sq)
+    norms[norms == 0] = np.inf
+    scores = dots / (norms * np.float32(q_norm))
+    return scores
+
+
+def _cached_blocks(table: Table, min_live: int) -> Iterator[tuple[Float32Array, Int64Array]]:
+    """(values, keys) of the live rows cached in the top tier, read in place a block at a
+    time; a device tier (values not in host memory) is read through its scan instead."""
+    cache = table._chain.cache
+    if not isinstance(getattr(cache, "values", None), np.ndarray):
+        for keys, records in cache.scan(_DISK_CHUNK_ROWS):
+            live = records.last_step >= min_live
+            yield records.values[live], keys[live]
+        return
+    high = cache.alloc.high_water
+    for start in range(0, high, _BLOCK_ROWS):
+        end = min(start + _BLOCK_ROWS, high)
+        live = cache.is_live[start:end] & (cache.last_step[start:end] >= min_live)
+        values = cache.values[start:end]
+        keys = cache.row_keys[start:end]
+        if live.all():
+            yield values, keys
+        elif live.any():
+            # Scoring a partly empty block whole and dropping the dead rows' scores after
+            # would read the dead rows too; gathering the live ones reads each row once.
+            rows = np.flatnonzero(live)
+            yield values[rows], keys[rows]
+
+
+def _chunks(table: Table, min_live: int) -> Iterator[tuple[Float32Array, Int64Array]]:
+    yield from _cached_blocks(table, min_live)
+    for keys, records in table._chain.scan_below(_DISK_CHUNK_ROWS):
+        live = records.last_step >= min_live
+        if live.all():
+            yield records.values, keys
+        elif live.any():
+            yield records.values[live], keys[live]
+
+
+def _finish(top: _TopK, metric: str, table: Table, as_strings: bool) -> tuple[Any, Float32Array]:
+    scores = top.scores
+    if metric == "l2":  # the distance itself, from minus its square
+        scores = np.sqrt(np.maximum(-scores, 0)).astype(np.float32)
+    keys: Any = top.keys
+    if as_strings:
+        keys = table.strings(top.keys)
+    return keys, scores
+
+
+def neighbors(
+    table: Table, query: Any, k: Any = 10, metric: Any = "cosine", as_strings: bool = False
+) -> tuple[Any, Float32Array]:
+    """``Table.neighbors`` (see there)."""
+    q, exclude, k, metric = _prepare(table, query, k, metric)
+    if as_strings and table._strings is None:
+        table.strings([])  # raises, naming how to create a table that keeps them
+    q_norm = float(np.linalg.norm(q.astype(np.float64)))
+    top = _TopK(k + (exclude is not None))  # one spare: the query key may be among them
+    for values, keys in _chunks(table, table._min_live()):
+        top.offer(_score(values, q, q_norm, metric), keys)
+    if exclude is not None:
+        mine = top.keys != exclude
+        top.keys, top.scores = top.keys[mine][:k], top.scores[mine][:k]
+    return _finish(top, metric, table, as_strings)
+
+
+def neighbors_reference(
+    table: Table, query: Any, k: Any = 10, metric: Any = "cosine"
+) -> tuple[Int64Array, Float32Array]:
+    """The specification: every live row (``Table.items``) scored one at a time in float64,
+    sorted by score, then by key. Slow and obvious; tests compare :func:`neighbors` to it."""
+    q32, exclude, k, metric = _prepare(table, query, k, metric)
+    q = q32.astype(np.float64)
+    pairs: list[tuple[float, int]] = []
+    for keys, values in table.items():
+        for key, row in zip(keys.tolist(), values.astype(np.float64), strict=True):
+            if key == exclude:
+                continue
+            if metric == "dot":
+                s = float(row @ q)
+            elif metric == "l2":
+                s = -float(np.sqrt(((row - q) ** 2).sum()))
+            else:
+                norm = float(np.linalg.norm(row))
+                s = 0.0 if norm == 0 else float(row @ q) / (norm * float(np.linalg.norm(q)))
+            pairs.append((-s, key))
+    pairs.sort()
+    best = pairs[:k]
+    scores = np.array([-s for s, _ in best], dtype=np.float64)
+    if metric == "l2":
+        scores = -scores
+    return np.array([key for _, key in best], dtype=np.int64), scores.astype(np.float32)
