@@ -138,6 +138,7 @@ class Database:
         self._dropped: set[str] = set()
         self._step = 0
         self._checkpoint = 0
+        self._publication: Any = None  # evdb.publish's memory of the last publication
         if read_only:
             if not (self.path / POINTER).exists():
                 raise DatabaseNotFoundError(f"path: {self.path} holds no evdb database")
@@ -266,6 +267,48 @@ class Database:
         checkpoint's manifest."""
         self._check_writable()
         return _checkpoint.checkpoint(self, dest, base)
+
+    def publish(
+        self, root: str | os.PathLike[str], *, full: bool | None = None, keep: int = 2
+    ) -> dict[str, Any]:
+        """Write one publication of every table into the publish root ``root``, for servers
+        that follow it (``evdb serve ROOT --follow``); see ``evdb.publish`` for the format.
+
+        Parameters
+        ----------
+        root : path
+            The publish root (created if missing); one publisher at a time.
+        full : bool, optional
+            None: a delta (the rows whose version rose and the keys removed since the last
+            publication) when one is exact, else a full one; True: a full one; False: a
+            delta, or ``InvalidArgumentError`` saying why one cannot be exact.
+        keep : int
+            Full publications kept; older ones, and the deltas before them, are removed.
+
+        Returns
+        -------
+        dict
+            ``seq`` (rises by 1 per publication), ``kind`` ("full" | "delta"), ``rows``
+            (rows written), ``deleted`` (keys removed), ``bytes``, ``seconds``, and for a
+            full one the ``reason``.
+
+        Examples
+        --------
+        >>> import tempfile, evdb
+        >>> root = tempfile.mkdtemp()
+        >>> with evdb.open(root + "/db") as db:
+        ...     t = db.create_table("user", dim=2)
+        ...     t.upsert([1, 2], [[1, 1], [2, 2]])
+        ...     first = db.publish(root + "/pub")
+        ...     t.upsert([2], [[3, 3]]); _ = t.delete([1])
+        ...     second = db.publish(root + "/pub")
+        >>> [(r["seq"], r["kind"], r["rows"], r["deleted"]) for r in (first, second)]
+        [(1, 'full', 2, 0), (2, 'delta', 1, 1)]
+        """
+        self._check_writable()
+        from evdb import publish as _publish  # above Database: imported where it is used
+
+        return _publish.publish(self, root, full=full, keep=keep)
 
     def _metadata(self) -> dict[str, bytes]:
         """The metadata a flush stores (and a checkpoint copies)."""

@@ -101,4 +101,5 @@ def stats(table: Table) -> dict[str, Any]:
         "expired_on_pull": table._counters["expired_on_pull"],
         "dropped_gradients": table._counters["dropped_gradients"],
         "frozen_gradients": table._counters["frozen_gradients"],
+        "changelog": table._changes.stats(),
     }

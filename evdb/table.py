@@ -22,6 +22,7 @@ import numpy as np
 from evdb import maintenance, reads, table_state, writes
 from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.arrays import float_matrix, occurrence_counts
+from evdb.changelog import ChangeLog
 from evdb.config import TableConfig
 from evdb.dedup import Deduper
 from evdb.errors import CapacityError, InvalidArgumentError
@@ -105,6 +106,9 @@ class Table:
         }
         self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
         self._dedup = Deduper()
+        # The keys changed since the last publication (evdb.publish); empty until one starts it.
+        self._changes = ChangeLog()
+        self._chain.on_remove = self._changes.removed
 
     # -- helpers --------------------------------------------------------------------------
     def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
@@ -412,6 +416,7 @@ class Table:
             out[~admitted] = self.defaults(uniq[~admitted])
         if self._strings is not None:
             self._strings.store(new_strings, uniq[admitted])
+        self._changes.touched(uniq if all_in else uniq[admitted])
         return Pulled(
             uniq,
             inverse,
@@ -499,6 +504,7 @@ class Table:
             self._dram.slots,
         )
         self._dram.unpin_all()
+        self._changes.touched(pulled.keys[pulled.admitted])
         self._chain.evict(self._db.step, self._min_live())
 
     # -- writes ---------------------------------------------------------------------------

@@ -51,6 +51,7 @@ def upsert(table: Table, keys: Any, values: Any, freeze: bool | None) -> None:
         if freeze:
             records.flags[:] = FROZEN
         rows[~have] = table._chain.create(new_keys, records)
+    table._changes.touched(uniq)
     table._admission.forget(uniq)
     # Without a disk tier, the rows just written are not victims of their own insert;
     # with one, they may go straight down to it.

@@ -112,6 +112,9 @@ class TierChain:
         self.backing = backing
         self.spill = spill and backing is not None
         self.below_steps = StepCounts(track_steps)
+        # Told the keys of rows removed for good (a table's change log, for publications);
+        # only the top chain has one, so a row removed through a chain below counts once.
+        self.on_remove: Callable[[Int64Array], None] | None = None
         self.counters = {
             "hits": 0,
             "misses": 0,
@@ -150,6 +153,8 @@ class TierChain:
     # -- removal for good -----------------------------------------------------------------
     def remove_rows(self, rows: Int64Array) -> None:
         """Remove cached rows (distinct, live) and their copies below."""
+        if self.on_remove is not None:
+            self.on_remove(self.cache.row_keys[rows])
         below = rows[self.cache.below[rows]]
         if below.shape[0]:
             self._remove_below(self.cache.row_keys[below], self.cache.below_step[below])
@@ -157,12 +162,16 @@ class TierChain:
 
     def remove_fetched(self, keys: Int64Array, last_step: Int64Array) -> None:
         """Remove rows that ``fetch`` found below (not cached) and the caller drops."""
+        if self.on_remove is not None:
+            self.on_remove(keys)
         self._remove_below(keys, last_step)
 
     def remove_uncached(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch | None]:
         """Remove keys the cache does not hold from below; returns what was there."""
         found, records = self.fetch(keys)
         if records is not None and len(records):
+            if self.on_remove is not None:
+                self.on_remove(keys[found])
             self._remove_below(keys[found], records.last_step)
         return found, records
 

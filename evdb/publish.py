@@ -1,0 +1,432 @@
+"""The trainer's side of freshness: a log of publications that servers follow.
+
+``Database.publish(root)`` writes one publication of every table into the publish root; a
+server (``evdb serve ROOT --follow``, ``evdb.api.follow``) serves the newest one. The root::
+
+    HEAD                    {"format", "seq", "full", "published"}: the newest publication
+                            and the full one it chains to; replaced atomically, last
+    000000000007/           seq 7, a full one: a read-only serving database (evdb.json +
+                            checkpoints/<n>/) + MANIFEST.json
+    000000000008/           seq 8, a delta: <table>.npz per table + MANIFEST.json
+    .000000000009.tmp-<pid> being built (a crash leaves it; the next publish removes it)
+    .lock                   flock'ed while a publication is written: one publisher per root
+
+``seq`` rises by 1 per publication, full or delta. Each ``MANIFEST.json`` is the checkpoint
+manifest (size and xxh3-128 of every file, ``evdb.verify`` checks it) with a
+``publication`` entry: ``seq``, ``kind`` ("full" | "delta"), ``parent`` (the previous seq,
+None for the first), ``parent_manifest`` (xxh3-128 of the parent's MANIFEST.json: a delta
+applies only on top of exactly that parent), ``full`` (the seq of the full it chains to),
+``step`` (the trainer's global step: TTL verdicts on the server are taken at it),
+``published`` (unix time) and ``tables`` (per table ``dim``, ``key_type``, ``ttl_steps``,
+``rows`` and ``removed``: changed rows and removed keys, or the rows of a full).
+
+A full publication is a values-only serving snapshot (SGD: no slots, no admission) that keeps
+each row's ``last_step`` and the table's ``ttl_steps``, so that the server's TTL verdicts
+match the trainer's at every step. A delta's ``<table>.npz`` holds ``keys`` (m,) int64
+(sorted), ``values`` (m, dim) float32 and ``last_step`` (m,) int64 of the rows whose version
+rose since the parent, and ``removed`` (r,) int64 (sorted), the keys whose rows left every
+tier since (``delete``, ``compact()``, TTL expiry, L2 pruning, eviction without a disk tier).
+String tables publish their hashed keys; the original strings are not published (serving
+hashes the strings it is sent).
+
+How a delta stays proportional to what changed: each table keeps a bounded
+:class:`evdb.changelog.ChangeLog` of touched and removed keys, started by the first
+publication to a root; a delta reads the current rows of the touched keys, never a scan. A
+publication is full when it cannot be exact as a delta: the first to a root (or after a
+restart of the trainer, whose logs are in memory), ``full=True``, a log that overflowed, a
+table created or dropped since, HEAD moved by someone else, or deltas since the last full
+adding up to more than ``REBASE_FRACTION`` of the live rows and ``REBASE_MIN_ROWS`` (a
+follower's overlay of changed rows is rebased onto the new full, so this bounds its memory).
+The reason is returned.
+
+Durability: a publication is built under a temporary name, checksummed, fsynced and renamed
+into place; then HEAD is replaced (write, fsync, rename, fsync the root). A crash at any
+moment leaves the root readable at the previous HEAD. The change logs are emptied only after
+HEAD is replaced, so a failed publication loses nothing: the next one carries it.
+
+Retention (``keep=K``): publications older than the K-th newest full one are removed after
+HEAD moves; a follower that fell behind further loads the newest full.
+
+Sharded databases (a later extension; the format leaves room): a seq directory would hold one
+part per rank, ``<seq>/rank-<r>-of-<n>/`` (each a publication as above, with its own
+MANIFEST.json), and a top MANIFEST.json listing the parts' manifest checksums, written by
+rank 0 once every part is in; HEAD moves after it. A follower treats a seq without its top
+manifest as incomplete (like a crash before the rename) and serves the parts merged.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from evdb import checkpoint as _checkpoint
+from evdb._types import Float32Array, Int64Array
+from evdb.config import DiskConfig
+from evdb.database import CHECKPOINTS, WORKING
+from evdb.database import open as open_database
+from evdb.errors import CorruptDataError, DatabaseLockedError, InvalidArgumentError
+from evdb.optim import SGD
+from evdb.records import RecordBatch
+
+if TYPE_CHECKING:
+    from evdb.database import Database
+    from evdb.table import Table
+
+__all__ = [
+    "DEFAULT_KEEP",
+    "HEAD",
+    "REBASE_FRACTION",
+    "Delta",
+    "check_publication",
+    "list_publications",
+    "load_delta",
+    "publication_dir",
+    "publish",
+    "read_head",
+]
+
+HEAD = "HEAD"
+FORMAT = "evdb-publish-1"
+DEFAULT_KEEP = 2  # full publications kept (and every delta after the oldest of them)
+REBASE_FRACTION = 0.5  # deltas since the last full above this share of the rows: a new full
+REBASE_MIN_ROWS = 65536  # ... and above this many rows (an overlay this small costs nothing)
+_SEQ = re.compile(r"\d{12}")
+_CHUNK_ROWS = 65536
+
+
+@dataclass
+class _State:
+    """What a database remembers of its last publication (in memory: a restarted trainer
+    publishes a full one first, since its change logs are new)."""
+
+    root: Path
+    seq: int
+    digest: str  # xxh3-128 of its MANIFEST.json: the next delta's parent link
+    full: int
+    rows_since_full: int
+    tables: dict[str, str]  # name -> uid: a table created or dropped since makes a full
+
+
+def publication_dir(root: Path, seq: int) -> Path:
+    return root / f"{seq:012d}"
+
+
+def read_head(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """HEAD of a publish root; None if it has none yet. ``CorruptDataError`` if unreadable."""
+    head = _checkpoint.read_json(Path(root) / HEAD, "publish HEAD")
+    if head is None:
+        return None
+    if not isinstance(head, dict) or head.get("format") != FORMAT:
+        raise CorruptDataError(f"{Path(root) / HEAD}: not an evdb publish HEAD")
+    return head
+
+
+def list_publications(root: Path) -> list[int]:
+    """Seqs of the publication directories under root (complete or not), ascending."""
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if _SEQ.fullmatch(p.name) and p.is_dir())
+
+
+def publish(
+    db: Database,
+    root: str | os.PathLike[str],
+    *,
+    full: bool | None = None,
+    keep: int = DEFAULT_KEEP,
+) -> dict[str, Any]:
+    """``Database.publish`` (see there)."""
+    if full not in (None, True, False):
+        raise InvalidArgumentError(f"full must be None, True or False, got {full!r}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise InvalidArgumentError(f"keep must be an int >= 1, got {keep!r}")
+    start = time.perf_counter()
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    with _RootLock(root):
+        head = read_head(root)
+        seq = 1 if head is None else int(head["seq"]) + 1
+        for stale in root.iterdir():  # built by a publish that crashed, never made visible
+            if stale.name.startswith(".") and ".tmp-" in stale.name:
+                shutil.rmtree(stale, ignore_errors=True)
+            elif _SEQ.fullmatch(stale.name) and int(stale.name) >= seq:
+                shutil.rmtree(stale, ignore_errors=True)
+        tables = {name: db.table(name) for name in db.tables()}
+        reason = _full_reason(db, root, head, tables, full)
+        if reason is not None and full is False:
+            raise InvalidArgumentError(f"full=False, but a delta cannot be exact here: {reason}")
+        state = db._publication
+        parent_digest = None
+        if head is not None:
+            parent = publication_dir(root, int(head["seq"])) / _checkpoint.MANIFEST
+            parent_digest = _checkpoint.file_digest(parent) if parent.exists() else None
+        dest = publication_dir(root, seq)
+        tmp = root / f".{dest.name}.tmp-{os.getpid()}"
+        entry: dict[str, Any] = {
+            "seq": seq,
+            "kind": "full" if reason is not None else "delta",
+            "parent": None if head is None else int(head["seq"]),
+            "parent_manifest": parent_digest,
+            "full": seq,
+            "step": db.step,
+            "tables": {},
+        }
+        try:
+            if reason is not None:
+                rows, removed = _write_full(db, tmp, tables, entry["tables"])
+            else:
+                assert state is not None
+                entry["full"] = state.full
+                tmp.mkdir()
+                rows, removed = _write_delta(tmp, tables, entry["tables"])
+            entry["published"] = time.time()
+            manifest: dict[str, Any] = {
+                "format": _checkpoint.FORMAT,
+                "kind": f"publish-{entry['kind']}",
+                "created": entry["published"],
+                "step": db.step,
+                "publication": entry,
+            }
+            _checkpoint._finish(tmp, dest, manifest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        digest = _checkpoint.file_digest(dest / _checkpoint.MANIFEST)
+        _write_head(root, {"format": FORMAT, "seq": seq, "full": entry["full"]}, entry)
+        # Durable and visible: only now may the logs forget what this publication carries.
+        for t in tables.values():
+            if reason is not None:
+                t._changes.start()
+            else:
+                t._changes.clear()
+        since = 0 if reason is not None else (state.rows_since_full if state else 0) + rows
+        db._publication = _State(
+            root, seq, digest, entry["full"], since, {n: t._uid for n, t in tables.items()}
+        )
+        _retain(root, seq, keep)
+    n_bytes = sum(int(f["size"]) for f in manifest["files"].values())
+    result = {
+        "seq": seq,
+        "kind": entry["kind"],
+        "rows": rows,
+        "deleted": removed,
+        "bytes": n_bytes,
+        "seconds": time.perf_counter() - start,
+    }
+    if reason is not None:
+        result["reason"] = reason
+    return result
+
+
+def _full_reason(
+    db: Database, root: Path, head: dict[str, Any] | None, tables: dict[str, Table], full: Any
+) -> str | None:
+    """Why this publication must be a full one; None if a delta is exact."""
+    state = db._publication
+    if full is True:
+        return "asked (full=True)"
+    if head is None:
+        return "first publication to this root"
+    if state is None or state.root != root:
+        return "first publication of this database to this root (its change logs start now)"
+    if int(head["seq"]) != state.seq:
+        return f"HEAD is seq {head['seq']}, this database last published seq {state.seq}"
+    parent = publication_dir(root, state.seq) / _checkpoint.MANIFEST
+    if not parent.exists() or _checkpoint.file_digest(parent) != state.digest:
+        return f"publication {state.seq} is gone or changed"
+    now = {n: t._uid for n, t in tables.items()}
+    if now != state.tables:
+        return "tables created or dropped since the last publication"
+    overflowed = sorted(n for n, t in tables.items() if t._changes.overflowed)
+    if overflowed:
+        return f"the change log of {overflowed} overflowed (see stats()['changelog'])"
+    pending = sum(t._changes.pending()[0].shape[0] for t in tables.values())
+    live = sum(len(t) for t in tables.values())
+    if state.rows_since_full + pending > max(REBASE_FRACTION * live, REBASE_MIN_ROWS):
+        return "the deltas since the last full add up to more than half the rows (rebase)"
+    return None
+
+
+def _write_head(root: Path, head: dict[str, Any], entry: dict[str, Any]) -> None:
+    head["published"] = entry["published"]
+    tmp = root / (HEAD + ".tmp")
+    with tmp.open("w") as f:
+        json.dump(head, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / HEAD)
+    _checkpoint.fsync_path(root)
+
+
+def _retain(root: Path, seq: int, keep: int) -> None:
+    """Remove publications older than the keep-th newest full one (at or before seq)."""
+    fulls = []
+    for s in reversed(list_publications(root)):
+        if s > seq:
+            continue
+        manifest = _checkpoint.read_json(publication_dir(root, s) / _checkpoint.MANIFEST, "m")
+        if isinstance(manifest, dict) and manifest.get("kind") == "publish-full":
+            fulls.append(s)
+            if len(fulls) == keep:
+                break
+    if len(fulls) < keep:
+        return
+    for s in list_publications(root):
+        if s < fulls[-1]:
+            shutil.rmtree(publication_dir(root, s), ignore_errors=True)
+
+
+class _RootLock:
+    def __init__(self, root: Path) -> None:
+        self.path = root / ".lock"
+        self.fd = -1
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise DatabaseLockedError(
+                f"root: {self.path.parent} is being published to by another process"
+            ) from None
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+def _table_entry(t: Table) -> dict[str, Any]:
+    return {"dim": t.dim, "key_type": t.config.key_type, "ttl_steps": t.config.ttl_steps}
+
+
+def _write_full(
+    db: Database, tmp: Path, tables: dict[str, Table], entries: dict[str, Any]
+) -> tuple[int, int]:
+    """A serving database of the live rows, each keeping its ``last_step`` (a TTL table's
+    rows expire on the server at the trainer's step); then only its checkpoint stays."""
+    total = 0
+    with open_database(tmp) as out:
+        out.advance(db.step)
+        for name, t in tables.items():
+            new = out.create_table(
+                name,
+                dim=t.dim,
+                key_type=t.config.key_type,
+                initializer=t.config.initializer,
+                default_value=t.config.default_value,
+                optimizer=SGD(),
+                ttl_steps=t.config.ttl_steps,
+                dram_rows=_CHUNK_ROWS,
+                disk=DiskConfig(),
+            )
+            min_live, rows = t._min_live(), 0
+            for keys, records in t._chain.scan(_CHUNK_ROWS):
+                live = records.last_step >= min_live
+                if not live.any():
+                    continue
+                m = int(np.count_nonzero(live))
+                copy = RecordBatch(
+                    values=np.ascontiguousarray(records.values[live]),
+                    slots=np.empty((m, 0), dtype=np.float32),
+                    freq=records.freq[live],
+                    last_step=records.last_step[live],
+                    version=records.version[live],
+                )
+                # Straight into the chain (upsert would stamp last_step = the step)
+                new._chain.create(np.ascontiguousarray(keys[live]), copy)
+                new._chain.evict(out.step, new._min_live())
+                rows += m
+            entries[name] = {**_table_entry(t), "rows": rows, "removed": 0}
+            total += rows
+    (tmp / "LOCK").unlink()
+    shutil.rmtree(tmp / WORKING)
+    if not any((tmp / CHECKPOINTS).iterdir()):
+        raise CorruptDataError(f"{tmp}: the serving database has no checkpoint")
+    return total, 0
+
+
+def _write_delta(tmp: Path, tables: dict[str, Table], entries: dict[str, Any]) -> tuple[int, int]:
+    """Per table, the current rows of the touched keys and the removed keys."""
+    total_rows = total_removed = 0
+    for name, t in tables.items():
+        touched, removed = t._changes.pending()
+        found, records = t._read_records(touched)  # live rows only, from whichever tier
+        keys = touched[found]
+        # A touched key without a live row now (deleted, expired, evicted) is removed too.
+        gone = np.setdiff1d(np.union1d(removed, touched[~found]), keys, assume_unique=True)
+        np.savez(
+            tmp / f"{name}.npz",
+            allow_pickle=False,
+            keys=keys,
+            values=np.ascontiguousarray(records.values, dtype=np.float32),
+            last_step=records.last_step.astype(np.int64),
+            removed=gone.astype(np.int64),
+        )
+        entries[name] = {**_table_entry(t), "rows": int(keys.shape[0]), "removed": len(gone)}
+        total_rows += int(keys.shape[0])
+        total_removed += len(gone)
+    return total_rows, total_removed
+
+
+# -- reading (the follower's side) ------------------------------------------------------------
+
+
+@dataclass
+class Delta:
+    """One table's part of a delta publication (see the module docstring)."""
+
+    keys: Int64Array  # (m,) sorted
+    values: Float32Array  # (m, dim)
+    last_step: Int64Array  # (m,)
+    removed: Int64Array  # (r,) sorted
+
+
+def check_publication(
+    root: Path, seq: int, parent: tuple[int, str] | None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The manifest of publication seq, checked: (manifest, None), or (None, reason) with
+    reason one of "missing" (no directory: removed, or never written), "manifest" (no or an
+    unreadable MANIFEST.json: a crash before the rename), "checksum" (a file differs from the
+    manifest), "parent" (a delta whose parent is not ``parent`` = (seq, manifest xxh3-128))."""
+    path = publication_dir(root, seq)
+    if not path.is_dir():
+        return None, "missing"
+    try:
+        manifest = _checkpoint.read_manifest(path)
+    except CorruptDataError:
+        return None, "manifest"
+    if manifest is None or "publication" not in manifest:
+        return None, "manifest"
+    try:
+        _checkpoint.verify(path)
+    except (CorruptDataError, OSError):
+        return None, "checksum"
+    entry = manifest["publication"]
+    if entry["kind"] == "delta" and (
+        parent is None or (entry["parent"], entry["parent_manifest"]) != parent
+    ):
+        return None, "parent"
+    return manifest, None
+
+
+def load_delta(root: Path, seq: int, manifest: dict[str, Any]) -> dict[str, Delta]:
+    """The tables of a checked delta publication, read into memory."""
+    out = {}
+    for name, entry in manifest["publication"]["tables"].items():
+        with np.load(publication_dir(root, seq) / f"{name}.npz", allow_pickle=False) as z:
+            values = z["values"].reshape(-1, int(entry["dim"]))
+            out[name] = Delta(z["keys"], values, z["last_step"], z["removed"])
+    return out
