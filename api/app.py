@@ -111,6 +111,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return _error(request, exc.status_code, str(exc.detail), exc.headers)
 
+    if settings.follow_root is not None:  # a publish root: follow it
+        from .follow import install  # imports the app's modules: imported where it is used
+
+        install(app, settings, holder)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics, holder=holder)
     if settings.state_file is not None:
         app.add_middleware(FollowReloads, holder=holder)

@@ -9,6 +9,7 @@ import numpy as np
 import evdb
 
 from .codec import ApiError
+from .snapshots import Snapshot
 
 
 def check_count(n: int, max_keys: int) -> None:
@@ -17,6 +18,8 @@ def check_count(n: int, max_keys: int) -> None:
 
 
 def lookup_rows(
+    snap: Snapshot,
+    name: str,
     table: evdb.Table,
     keys: np.ndarray | list[str],
     offsets: Any = None,
@@ -27,5 +30,7 @@ def lookup_rows(
     initializer value), with rows read from disk cached in DRAM (``promote=True``: the
     serving working set stays hot), and found (n,) bool per key, from the same read."""
     found = np.empty(len(keys), dtype=bool)
-    embeddings = table.lookup(keys, offsets, weights, combiner, promote=True, found=found)
+    embeddings = snap.lookup(
+        name, table, keys, offsets, weights, combiner, promote=True, found=found
+    )
     return embeddings, found

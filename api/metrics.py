@@ -70,6 +70,12 @@ class Metrics:
         # tables x statuses), so these dicts are too.
         self._served: dict[str, tuple[Any, Any]] = {}
         self._answered: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._collectors: list[Collector] = [self.tables]  # read at scrape time, per worker
+
+    def add_collector(self, collector: Collector) -> None:
+        """Figures read from this worker at scrape time (``api.follow``'s, say)."""
+        self.registry.register(collector)
+        self._collectors.append(collector)
 
     def exposition(self) -> bytes:
         """The text format of every metric: this process's, or with several workers the sum
@@ -78,7 +84,8 @@ class Metrics:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
-        registry.register(self.tables)
+        for collector in self._collectors:
+            registry.register(collector)
         return generate_latest(registry)
 
     def served(self, table: str, keys: int, missing: int) -> None:

@@ -103,7 +103,7 @@ class ReloadResponse(BaseModel):
 
 
 class Status(BaseModel):
-    status: Literal["ok", "loading"]
+    status: Literal["ok", "loading", "stale"]
 
 
 class Error(BaseModel):

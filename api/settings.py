@@ -8,6 +8,10 @@ variables for its uvicorn workers; tests build a :class:`Settings` directly and 
 variable                   meaning
 =========================  ==============================================================
 ``EVDB_PATH``              the database or serving export to serve, opened read-only
+``EVDB_FOLLOW_ROOT``       a publish root to follow instead (``evdb serve ROOT --follow``)
+``EVDB_POLL_INTERVAL``     seconds between a follower's polls of HEAD (default 1, jittered)
+``EVDB_MAX_STALENESS``     seconds: following, /readyz is 503 when the publication served is
+                           older (default: staleness never makes it unready)
 ``EVDB_TOKEN_FILE``        a file holding the admin bearer token; without it, no admin
 ``EVDB_ALLOW_ROOTS``       directories (``os.pathsep``-separated) reload may open from
 ``EVDB_MAX_KEYS``          most keys in one request (default 100,000)
@@ -34,6 +38,9 @@ DEFAULT_MAX_KEYS = 100_000
 @dataclass(frozen=True)
 class Settings:
     path: Path | None = None
+    follow_root: Path | None = None
+    poll_interval_s: float = 1.0
+    max_staleness_s: float | None = None
     token: str | None = None
     allow_roots: tuple[Path, ...] = field(default_factory=tuple)
     max_keys: int = DEFAULT_MAX_KEYS
@@ -72,6 +79,9 @@ def get_settings() -> Settings:
     metrics_dir = env.get("PROMETHEUS_MULTIPROC_DIR")
     return Settings(
         path=Path(env["EVDB_PATH"]) if env.get("EVDB_PATH") else None,
+        follow_root=Path(env["EVDB_FOLLOW_ROOT"]) if env.get("EVDB_FOLLOW_ROOT") else None,
+        poll_interval_s=float(env.get("EVDB_POLL_INTERVAL", "1")),
+        max_staleness_s=float(env["EVDB_MAX_STALENESS"]) if env.get("EVDB_MAX_STALENESS") else None,
         token=read_token(Path(token_file)) if token_file else None,
         allow_roots=tuple(Path(r).resolve() for r in roots.split(os.pathsep) if r),
         max_keys=int(env.get("EVDB_MAX_KEYS", DEFAULT_MAX_KEYS)),

@@ -21,9 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import xxhash
 
 import evdb
+
+# Every lookup and infer answer names the snapshot it was read from: following a publish
+# root, the publication's seq (it never goes back on one worker); otherwise the version hash.
+VERSION_HEADER = "X-Evdb-Version"
 
 
 @dataclass
@@ -35,6 +40,7 @@ class Snapshot:
     tables: dict[str, evdb.Table] = field(default_factory=dict)
     _users: int = 0
     _retired: bool = False
+    seq: int | None = None  # following a publish root: the publication served (api.follow)
 
     @classmethod
     def open(cls, path: Path, cache_rows: int | None = None, *, verify: bool = True) -> Snapshot:
@@ -52,6 +58,26 @@ class Snapshot:
             db.close()
             raise
         return cls(db, path, version, time.time(), tables)
+
+    def lookup(
+        self,
+        name: str,
+        table: evdb.Table,
+        keys: Any,
+        offsets: Any = None,
+        weights: Any = None,
+        combiner: str | None = None,
+        *,
+        promote: bool = False,
+        found: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """``table.lookup`` (table ``name`` of this snapshot); a followed publication puts
+        the rows changed since its full snapshot over it (``api.follow``)."""
+        return table.lookup(keys, offsets, weights, combiner, promote=promote, found=found)
+
+    def close(self) -> None:
+        """Close the database (the holder calls it once the last request is done)."""
+        self.db.close()
 
     def info(self) -> dict[str, Any]:
         return {
@@ -101,7 +127,7 @@ class SnapshotHolder:
             snap._users -= 1
             close = snap._retired and snap._users == 0
         if close:
-            snap.db.close()
+            snap.close()
 
     def swap(self, snap: Snapshot) -> None:
         """Serve ``snap`` from now on; the old snapshot closes after its last request."""
@@ -113,7 +139,7 @@ class SnapshotHolder:
                 old._retired = True
         if close:
             assert old is not None
-            old.db.close()
+            old.close()
 
     def close(self) -> None:
         with self._lock:
@@ -122,7 +148,7 @@ class SnapshotHolder:
                 old._retired = True
                 close = old._users == 0
         if old is not None and close:
-            old.db.close()
+            old.close()
 
     # -- several workers ------------------------------------------------------------------
     def publish(self, path: Path) -> None:

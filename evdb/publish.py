@@ -92,6 +92,7 @@ __all__ = [
     "publication_dir",
     "publish",
     "read_head",
+    "serve_at",
 ]
 
 HEAD = "HEAD"
@@ -398,12 +399,12 @@ def check_publication(
     root: Path, seq: int, parent: tuple[int, str] | None
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The manifest of publication seq, checked: (manifest, None), or (None, reason) with
-    reason one of "missing" (no directory: removed, or never written), "manifest" (no or an
-    unreadable MANIFEST.json: a crash before the rename), "checksum" (a file differs from the
-    manifest), "parent" (a delta whose parent is not ``parent`` = (seq, manifest xxh3-128))."""
+    reason one of "gap" (no directory: removed, or never written; or a delta whose parent is
+    not ``parent`` = (seq, xxh3-128 of its MANIFEST.json)), "manifest" (no or an unreadable
+    MANIFEST.json: a crash before the rename), "checksum" (a file differs from the manifest)."""
     path = publication_dir(root, seq)
     if not path.is_dir():
-        return None, "missing"
+        return None, "gap"
     try:
         manifest = _checkpoint.read_manifest(path)
     except CorruptDataError:
@@ -418,7 +419,7 @@ def check_publication(
     if entry["kind"] == "delta" and (
         parent is None or (entry["parent"], entry["parent_manifest"]) != parent
     ):
-        return None, "parent"
+        return None, "gap"
     return manifest, None
 
 
@@ -430,3 +431,11 @@ def load_delta(root: Path, seq: int, manifest: dict[str, Any]) -> dict[str, Delt
             values = z["values"].reshape(-1, int(entry["dim"]))
             out[name] = Delta(z["keys"], values, z["last_step"], z["removed"])
     return out
+
+
+def serve_at(db: Database, step: int) -> None:
+    """Set a read-only database's global step to a publication's (``step`` of its manifest):
+    a server's TTL verdicts are then the trainer's at that publication."""
+    if not db.read_only:
+        raise InvalidArgumentError(f"db: {db.path} is open for writing; advance() moves its step")
+    db._step = int(step)

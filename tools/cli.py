@@ -12,6 +12,8 @@ Usage (``evdb`` is also ``python -m evdb``)::
     evdb verify PATH [--json]
     evdb serve PATH [--host H] [--port P] [--workers N] [--token-file F]
                     [--allow-root DIR]... [--max-keys K] [--cache-rows R]
+                    [--no-dashboard] [--max-scan-rows N]
+                    [--follow [--poll-interval S] [--max-staleness S]]
 
 Each subcommand is a ``cmd_<name>`` that calls the library (``evdb``, ``evdb.offline``,
 ``evdb.io.export``) and prints its result: with ``--json`` one JSON object on stdout, otherwise
@@ -530,6 +532,37 @@ def cmd_verify(path: Path, as_json: bool) -> None:
     type=click.IntRange(1),
     help="Rows of each table every worker keeps in DRAM (default: the snapshot's dram_rows).",
 )
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="PATH is a publish root (Database.publish): serve its newest publication and apply "
+    "each newer one as it appears.",
+)
+@click.option(
+    "--poll-interval",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="With --follow: seconds between polls of HEAD (jittered across workers).",
+)
+@click.option(
+    "--max-staleness",
+    type=click.FloatRange(min=0, min_open=True),
+    help="With --follow: /readyz answers 503 while the publication served is older than this "
+    "many seconds (default: never for staleness).",
+)
+@click.option(
+    "--no-dashboard",
+    is_flag=True,
+    help="Serve no /dashboard page and no /v1/dashboard JSON (on by default).",
+)
+@click.option(
+    "--max-scan-rows",
+    default=2_000_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Largest table a neighbours query (POST /v1/tables/{name}/neighbors) scans.",
+)
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def cmd_serve(
     path: Path,
@@ -540,14 +573,21 @@ def cmd_serve(
     allow_roots: tuple[Path, ...],
     max_keys: int,
     cache_rows: int | None,
+    no_dashboard: bool,
+    max_scan_rows: int,
+    follow: bool,
+    poll_interval: float,
+    max_staleness: float | None,
     log_level: str,
 ) -> None:
     """Serve the tables of PATH (a serving export, or a database nobody writes to) for
     online inference: /v1 lookups (JSON or raw bytes), the KServe v2 protocol, /metrics,
-    and POST /v1/admin/reload to swap in a new export. Docs at /docs.
+    and POST /v1/admin/reload to swap in a new export. Docs at /docs (offline); a dashboard
+    at /dashboard unless --no-dashboard.
 
     Needs the serve extra (pip install 'evdb[serve]'). Every worker opens PATH read-only;
-    each keeps the rows it reads in its DRAM cache.
+    each keeps the rows it reads in its DRAM cache. With --follow, every worker follows the
+    publish root PATH on its own (X-Evdb-Version on each answer is the publication's seq).
     """
     import os
     import shutil
@@ -561,9 +601,16 @@ def cmd_serve(
         raise click.UsageError(
             f"evdb serve needs the serve extra: pip install 'evdb[serve]' ({e})"
         ) from None
-    _require_path(path, "path", "evdb database or serving export")
-    # Fail here, once, rather than in each worker; the workers then skip the checksum pass.
-    evdb.open(path, read_only=True).close()
+    if not follow and (poll_interval != 1.0 or max_staleness is not None):
+        raise click.UsageError("--poll-interval and --max-staleness need --follow")
+    if follow:
+        _require_path(path, "path", "publish root")
+        if not path.is_dir():
+            raise click.BadParameter(f"{path} is not a directory", param_hint="PATH")
+    else:
+        _require_path(path, "path", "evdb database or serving export")
+        # Fail here, once, rather than in each worker; the workers then skip the checksum pass.
+        evdb.open(path, read_only=True).close()
     if token_file is not None:
         try:
             read_token(token_file)
@@ -575,7 +622,16 @@ def cmd_serve(
         "EVDB_PATH_VERIFIED": "1",
         "EVDB_ALLOW_ROOTS": os.pathsep.join(str(r.resolve()) for r in roots),
         "EVDB_MAX_KEYS": str(max_keys),
+        "EVDB_MAX_SCAN_ROWS": str(max_scan_rows),
+        "EVDB_WORKERS": str(workers),
+        "EVDB_DASHBOARD": "0" if no_dashboard else "1",
     }
+    if follow:  # the workers follow the root; nothing is loaded from a fixed path
+        del env["EVDB_PATH"], env["EVDB_PATH_VERIFIED"]
+        env["EVDB_FOLLOW_ROOT"] = str(path.resolve())
+        env["EVDB_POLL_INTERVAL"] = repr(poll_interval)
+        if max_staleness is not None:
+            env["EVDB_MAX_STALENESS"] = repr(max_staleness)
     if cache_rows is not None:
         env["EVDB_CACHE_ROWS"] = str(cache_rows)
     if token_file is not None:

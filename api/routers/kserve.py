@@ -44,7 +44,7 @@ from ..schemas import (
     Ready,
     ServerMetadata,
 )
-from ..snapshots import Snapshot
+from ..snapshots import VERSION_HEADER, Snapshot
 
 router = APIRouter(prefix="/v2", tags=["kserve v2"])
 ERRORS = error_responses(InferError, 404, 413, 422, 503)
@@ -143,7 +143,7 @@ async def infer(request: Request) -> Response:
         keys, shape = decode_keys(req.inputs, binary, table.config.key_type)
         check_count(len(keys), settings.max_keys)
         binary_out = wanted_outputs(req)
-        embeddings, found = lookup_rows(table, keys)
+        embeddings, found = lookup_rows(snap, model, table, keys)
         request.app.state.metrics.served(model, len(keys), len(keys) - int(np.count_nonzero(found)))
         tensors = {
             "embeddings": (embeddings, [*shape, table.dim], "FP32"),
@@ -154,6 +154,8 @@ async def infer(request: Request) -> Response:
         head["id"] = req.id
     head["outputs"], blob = encode_outputs(tensors, binary_out)
     header = dumps(head)
+    served = {VERSION_HEADER: str(head["model_version"])}
     if not any(binary_out.values()):
-        return Response(header, media_type=JSON)
-    return Response(header + blob, media_type=OCTET, headers={INFER_HEADER: str(len(header))})
+        return Response(header, media_type=JSON, headers=served)
+    headers = {INFER_HEADER: str(len(header)), **served}
+    return Response(header + blob, media_type=OCTET, headers=headers)

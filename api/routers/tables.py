@@ -34,6 +34,7 @@ from ..schemas import (
     TablesResponse,
     TableStats,
 )
+from ..snapshots import VERSION_HEADER
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"])
 ERRORS = error_responses(Error, 404, 413, 415, 422, 503)
@@ -106,7 +107,8 @@ async def lookup(request: Request) -> Response:
         else:
             raise ApiError(415, f"content-type: expected {JSON} or {OCTET}")
         check_count(len(keys), settings.max_keys)
-        embeddings, found = lookup_rows(table, keys, offsets, weights, combiner)
+        embeddings, found = lookup_rows(snap, name, table, keys, offsets, weights, combiner)
+        version = snap.version
         request.app.state.metrics.served(name, len(keys), len(keys) - int(np.count_nonzero(found)))
         dim = table.dim
     if wants_octet(request):
@@ -114,7 +116,8 @@ async def lookup(request: Request) -> Response:
         headers = {
             SHAPE_HEADER: f"{embeddings.shape[0]},{dim}",
             FOUND_HEADER: base64.b64encode(packed).decode(),
+            VERSION_HEADER: version,
         }
         return Response(embeddings.tobytes(), media_type=OCTET, headers=headers)
     body = dumps({"table": name, "dim": dim, "embeddings": embeddings, "found": found})
-    return Response(body, media_type=JSON)
+    return Response(body, media_type=JSON, headers={VERSION_HEADER: version})

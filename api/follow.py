@@ -1,0 +1,465 @@
+"""The server's side of freshness: follow a publish root (``evdb serve ROOT --follow``).
+
+The trainer writes publications (``Database.publish``, ``evdb.publish``): now and then a full
+serving snapshot, in between small deltas. A :class:`Follower` polls ``HEAD``, checks each
+newer publication (manifest present, every checksum, the parent link of each delta), and
+swaps in a new :class:`FollowSnapshot` through the :class:`SnapshotHolder`:
+
+    served view = full snapshot (RocksDB, opened read-only, never written)
+                + overlay per table: the rows of every delta since that full, merged
+                  (sorted keys, values, last_step, and tombstones for removed keys)
+                + the step of the newest applied publication (TTL verdicts)
+
+Why an overlay rather than applying deltas to a writable copy of the database: the RocksDB
+files stay immutable and shared (any number of workers open them read-only, nothing is
+copied), a delta is applied by building new numpy arrays off the request path (in a thread)
+and swapping one reference, so requests in flight finish on the view they started with and
+never see half a delta; and a lookup pays one ``searchsorted`` over the overlay on top of
+the snapshot's read. The overlay grows with the rows changed since the last full; the trainer
+writes a new full when the deltas add up to half the table (``evdb.publish.REBASE_FRACTION``)
+and the follower then rebases: it opens the new full and starts an empty overlay. Rejected: a
+writable working copy per worker (a full copy per worker and RocksDB writes on the serving
+path, which DeepRec's in-place apply shows as latency spikes and half-applied reads); one
+overlay shared and mutated in place (needs a lock on every lookup).
+
+Pending publications are merged and swapped in at once: a follower 50 deltas behind applies
+them in one swap (two when a newer full is among them: it loads that full and the deltas
+after it, still one swap). A publication that fails a check is never applied, nor anything
+after it: the follower keeps serving its last good view (or the good prefix of the pending
+deltas), counts the failure by reason, and retries on the next poll. Versions never go back:
+the served seq only rises (``X-Evdb-Version`` on every lookup and infer answer, and the KServe
+model version), except by an explicit admin reload (logged and counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.concurrency import run_in_threadpool
+
+import evdb
+from evdb import checkpoint as _checkpoint
+from evdb import publish as _publish
+from evdb.bags import parse_bags
+from evdb.errors import CorruptDataError, EvdbError, InvalidArgumentError
+from evdb.kernels import cpu
+from evdb.keys import normalize_keys
+from evdb.tiers.scoring import min_live_step
+
+from .settings import Settings
+from .snapshots import Snapshot, SnapshotHolder
+
+log = logging.getLogger("evdb.api.follow")
+
+__all__ = ["FollowSnapshot", "Follower", "Overlay", "install"]
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """One table's rows changed since the full snapshot: keys (m,) int64 sorted, values
+    (m, dim) float32, last_step (m,) int64, removed (m,) bool (a tombstone: the key has no
+    row, whatever the snapshot holds)."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    last_step: np.ndarray
+    removed: np.ndarray
+
+    @classmethod
+    def empty(cls, dim: int) -> Overlay:
+        z = np.empty(0, dtype=np.int64)
+        return cls(z, np.empty((0, dim), np.float32), z, np.empty(0, dtype=bool))
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.keys.shape[0])
+
+    def merged(self, deltas: list[_publish.Delta]) -> Overlay:
+        """This overlay with deltas applied in order (a later entry of a key wins), in one
+        stable sort of everything: no per-delta pass."""
+        if not deltas:
+            return self
+        dim = self.values.shape[1]
+        keys = [self.keys]
+        values = [self.values]
+        steps = [self.last_step]
+        removed = [self.removed]
+        for d in deltas:
+            r = d.removed.shape[0]
+            keys += [d.keys, d.removed]
+            values += [d.values, np.zeros((r, dim), dtype=np.float32)]
+            steps += [d.last_step, np.zeros(r, dtype=np.int64)]
+            removed += [np.zeros(d.keys.shape[0], dtype=bool), np.ones(r, dtype=bool)]
+        all_keys = np.concatenate(keys)
+        order = np.argsort(all_keys, kind="stable")  # equal keys keep their order: newest last
+        sorted_keys = all_keys[order]
+        newest = np.ones(sorted_keys.shape[0], dtype=bool)
+        newest[:-1] = sorted_keys[1:] != sorted_keys[:-1]
+        pick = order[newest]
+        return Overlay(
+            sorted_keys[newest],
+            np.concatenate(values)[pick],
+            np.concatenate(steps)[pick],
+            np.concatenate(removed)[pick],
+        )
+
+
+class _Base:
+    """A full snapshot's database, shared by the views built on it; closed by the last."""
+
+    def __init__(self, db: evdb.Database, seq: int) -> None:
+        self.db = db
+        self.seq = seq
+        self._refs = 1  # the follower's own
+        self._lock = threading.Lock()
+
+    def acquire(self) -> _Base:
+        with self._lock:
+            self._refs += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            close = self._refs == 0
+        if close:
+            self.db.close()
+
+
+@dataclass
+class FollowSnapshot(Snapshot):
+    """A view of a publish root at one seq: the full's tables, the overlays, the step."""
+
+    base: _Base | None = None
+    step: int = 0
+    published: float = 0.0
+    overlays: dict[str, Overlay] = field(default_factory=dict)
+
+    def close(self) -> None:
+        if self.base is not None:
+            self.base.release()
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "seq": self.seq, "step": self.step, "published": self.published}
+
+    def lookup(
+        self,
+        name: str,
+        table: evdb.Table,
+        keys: Any,
+        offsets: Any = None,
+        weights: Any = None,
+        combiner: str | None = None,
+        *,
+        promote: bool = False,
+        found: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """``Table.lookup`` as the trainer's at this seq: the snapshot's rows at this view's
+        step, with the overlay's rows and tombstones over them."""
+        _publish.serve_at(self.db, self.step)  # views share the database; each has its step
+        overlay = self.overlays.get(name)
+        if overlay is None or overlay.n_rows == 0:
+            return table.lookup(keys, offsets, weights, combiner, promote=promote, found=found)
+        k = normalize_keys(keys, table.config.key_type)
+        n = k.shape[0]
+        plain = offsets is None and weights is None and combiner is None
+        bags = None if plain else parse_bags(n, offsets, weights, combiner, None)
+        have = np.empty(n, dtype=bool)
+        values = table.lookup(k, promote=promote, found=have)
+        at = np.searchsorted(overlay.keys, k).clip(max=overlay.n_rows - 1)
+        hit = np.flatnonzero(overlay.keys[at] == k)
+        if hit.size:
+            p = at[hit]
+            min_live = min_live_step(self.step, table.config.ttl_steps)
+            live = ~overlay.removed[p] & (overlay.last_step[p] >= min_live)
+            values[hit[live]] = overlay.values[p[live]]
+            have[hit[live]] = True
+            dead = hit[~live]
+            if dead.size:
+                values[dead] = table.defaults(k[dead])
+                have[dead] = False
+        if found is not None:
+            found[:] = have
+        if bags is None:
+            return values
+        out = np.empty((bags.n_bags, table.dim), dtype=np.float32)
+        index = np.arange(n, dtype=np.int64)
+        cpu.gather_combine(values, index, bags.bounds, bags.weights, bags.combiner, np.inf, out)
+        return out
+
+
+@dataclass
+class FollowState:
+    """What a follower reports (metrics, /readyz)."""
+
+    applied_seq: int | None = None
+    head_seq: int | None = None
+    published: float | None = None  # publish time of the applied seq
+    overlay_rows: int = 0
+    polls: int = 0
+    swaps: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+
+    def staleness(self, now: float | None = None) -> float | None:
+        """Seconds since the applied publication was written; None before the first."""
+        if self.published is None:
+            return None
+        return max((time.time() if now is None else now) - self.published, 0.0)
+
+
+class Follower:
+    """Follows a publish root for one worker: ``poll`` applies what is new.
+
+    Parameters
+    ----------
+    root : Path
+        The publish root.
+    holder : SnapshotHolder
+        Where new views are swapped in.
+    observe_apply : callable, optional
+        Told the seconds of each apply (the ``evdb_delta_apply_seconds`` histogram).
+    on_failure : callable, optional
+        Told the reason of each refused publication (``evdb_delta_failures_total``).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        holder: SnapshotHolder,
+        *,
+        observe_apply: Callable[[float], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.holder = holder
+        self.state = FollowState()
+        self._observe_apply = observe_apply
+        self._on_failure = on_failure
+        self._lock = threading.Lock()  # one poll at a time
+        self._base: _Base | None = None
+        self._overlays: dict[str, Overlay] = {}
+        self._link: tuple[int, str] | None = None  # (applied seq, its manifest's xxh3-128)
+        self._step = 0
+
+    def _fail(self, reason: str, seq: int | None, detail: str = "") -> None:
+        self.state.failures[reason] += 1
+        if self._on_failure is not None:
+            self._on_failure(reason)
+        log.warning("publication %s of %s refused (%s) %s", seq, self.root, reason, detail)
+
+    def poll(self) -> bool:
+        """Read HEAD and apply every newer publication that checks out, in one swap.
+        Returns whether a new view is served. Never raises for a bad publication: it is
+        counted and the last good view stays."""
+        with self._lock:
+            self.state.polls += 1
+            try:
+                head = _publish.read_head(self.root)
+            except CorruptDataError as e:
+                self._fail("head", None, str(e))
+                return False
+            if head is None:
+                return False
+            self.state.head_seq = int(head["seq"])
+            applied = self.state.applied_seq
+            if applied is not None and self.state.head_seq <= applied:
+                return False
+            start = time.perf_counter()
+            try:
+                return self._catch_up(head, start)
+            except (EvdbError, OSError, ValueError, KeyError) as e:  # a damaged file read
+                self._fail("read", self.state.head_seq, repr(e))
+                return False
+
+    def _catch_up(self, head: dict[str, Any], start: float) -> bool:
+        opened: list[_Base] = []
+        try:
+            return self._apply(head, start, opened)
+        except BaseException:
+            for base in opened:  # a full opened for a view that was never served
+                base.release()
+            raise
+
+    def _apply(self, head: dict[str, Any], start: float, opened: list[_Base]) -> bool:
+        head_seq, full_seq = int(head["seq"]), int(head["full"])
+        base, overlays, link = self._base, self._overlays, self._link
+        step, published = self._step, self.state.published
+        new_base = None
+        if base is None or base.seq != full_seq:
+            manifest, why = _publish.check_publication(self.root, full_seq, None)
+            if manifest is None or why is not None:
+                self._fail(why or "manifest", full_seq)
+                return False
+            path = _publish.publication_dir(self.root, full_seq)
+            # checked just above: the read-only open skips the checksum pass
+            db = evdb.open(path, read_only=True, verify=False, cache_rows=self.holder.cache_rows)
+            new_base = base = _Base(db, full_seq)
+            opened.append(new_base)
+            overlays = {name: Overlay.empty(db.table(name).dim) for name in db.tables()}
+            link = (full_seq, _manifest_digest(self.root, full_seq))
+            entry = manifest["publication"]
+            step, published, seq = int(entry["step"]), float(entry["published"]), full_seq
+        else:
+            assert link is not None
+            seq = link[0]
+        pending: dict[str, list[_publish.Delta]] = {name: [] for name in overlays}
+        for s in range(seq + 1, head_seq + 1):
+            manifest, why = _publish.check_publication(self.root, s, link)
+            if manifest is None or why is not None:
+                self._fail(why or "manifest", s)
+                break  # never s + 1 without s: serve what checked out so far
+            for name, delta in _publish.load_delta(self.root, s, manifest).items():
+                if name in pending:
+                    pending[name].append(delta)
+            link = (s, _manifest_digest(self.root, s))
+            entry = manifest["publication"]
+            step, published, seq = int(entry["step"]), float(entry["published"]), s
+        if new_base is None and seq == self._link_seq():
+            return False  # nothing new checked out
+        merged = {name: overlays[name].merged(pending[name]) for name in overlays}
+        assert base is not None
+        view = FollowSnapshot(
+            base.db,
+            self.root,
+            str(seq),
+            time.time(),
+            {name: base.db.table(name) for name in base.db.tables()},
+            seq=seq,
+            base=base.acquire(),
+            step=step,
+            published=published or 0.0,
+            overlays=merged,
+        )
+        if new_base is not None and self._base is not None:
+            self._base.release()  # the views on the old full keep it open until they end
+        self._base, self._overlays, self._link, self._step = base, merged, link, step
+        opened.clear()
+        self.holder.swap(view)
+        st = self.state
+        st.applied_seq, st.published, st.swaps = seq, published, st.swaps + 1
+        st.overlay_rows = sum(o.n_rows for o in merged.values())
+        if self._observe_apply is not None:
+            self._observe_apply(time.perf_counter() - start)
+        return True
+
+    def _link_seq(self) -> int | None:
+        return None if self._link is None else self._link[0]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._base is not None:
+                self._base.release()
+                self._base = None
+
+
+def _manifest_digest(root: Path, seq: int) -> str:
+    return _checkpoint.file_digest(_publish.publication_dir(root, seq) / _checkpoint.MANIFEST)
+
+
+def _parse_seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidArgumentError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class _FollowCollector(Collector):
+    """This worker's follower, read at scrape time (a ``worker`` label with several)."""
+
+    def __init__(self, follower: Follower, worker: bool) -> None:
+        self.follower = follower
+        self.worker = [str(os.getpid())] if worker else []
+
+    def collect(self) -> Iterator[Metric]:
+        by = ["worker"] if self.worker else []
+        st = self.follower.state
+        figures = [
+            ("evdb_applied_seq", "Seq of the publication served (-1: none yet).", st.applied_seq),
+            ("evdb_head_seq", "Seq HEAD named at the last poll (-1: none yet).", st.head_seq),
+            (
+                "evdb_staleness_seconds",
+                "Now minus the publish time of the publication served (-1: none yet).",
+                st.staleness(),
+            ),
+            (
+                "evdb_overlay_rows",
+                "Rows (and tombstones) held over the full snapshot, all tables.",
+                st.overlay_rows,
+            ),
+        ]
+        for name, doc, value in figures:
+            gauge = GaugeMetricFamily(name, doc, labels=by)
+            gauge.add_metric(self.worker, -1 if value is None else value)
+            yield gauge
+
+
+def install(app: FastAPI, settings: Settings, holder: SnapshotHolder) -> Follower:
+    """Follow ``settings.follow_root`` in this worker: a first poll before the app is ready
+    for requests (so it starts ready when HEAD has a good publication), then a poll every
+    ``poll_interval_s`` (jittered by +-20%, so that workers spread their reads), off the
+    event loop. Adds the follower's metrics; ``app.state.follower`` is the follower."""
+    assert settings.follow_root is not None
+    interval = _parse_seconds("poll_interval_s", settings.poll_interval_s)
+    if settings.max_staleness_s is not None:
+        _parse_seconds("max_staleness_s", settings.max_staleness_s)
+    metrics = app.state.metrics
+    apply_seconds = Histogram(
+        "evdb_delta_apply_seconds",
+        "Time to check, read and swap in new publications (one apply may merge several).",
+        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+        registry=metrics.registry,
+    )
+    failures = PromCounter(
+        "evdb_delta_failures",
+        "Publications refused (never applied), by reason: manifest, checksum, gap, head, read.",
+        ["reason"],
+        registry=metrics.registry,
+    )
+    follower = Follower(
+        settings.follow_root,
+        holder,
+        observe_apply=apply_seconds.observe,
+        on_failure=lambda reason: failures.labels(reason).inc(),
+    )
+    metrics.add_collector(_FollowCollector(follower, worker=settings.metrics_dir is not None))
+    app.state.follower = follower
+    inner = app.router.lifespan_context
+    rng = random.Random()
+
+    async def poll_forever() -> None:
+        while True:
+            await asyncio.sleep(interval * rng.uniform(0.8, 1.2))
+            await run_in_threadpool(follower.poll)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
+        async with inner(app) as state:
+            await run_in_threadpool(follower.poll)
+            task = asyncio.create_task(poll_forever())
+            try:
+                yield state
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                follower.close()
+
+    app.router.lifespan_context = lifespan
+    return follower
