@@ -4,7 +4,10 @@ Routes (``/docs`` has them all, generated from ``schemas``):
 
 - ``/v1/tables``, ``/v1/tables/{name}``, ``POST /v1/tables/{name}/lookup`` (JSON or bytes)
 - ``/v2/...``: the KServe v2 / Open Inference Protocol, a table being a model
+- ``POST /v1/tables/{name}/neighbors``: exact nearest neighbours (``Table.neighbors``)
 - ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus, ``evdb_*``)
+- ``/dashboard`` and its JSON under ``/v1/dashboard`` (unless ``Settings.dashboard`` is off)
+- ``/docs`` and ``/redoc``, whose assets are served from the package (no CDN)
 - ``POST /v1/admin/reload`` (bearer token): serve another snapshot without a failed request
 
 Handlers are ``async`` and do their table work without awaiting: a lookup of 1,000 keys from
@@ -31,10 +34,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import evdb
 
-from . import openapi
+from . import dashboard, docs, openapi
 from .codec import ApiError, dumps, validation_message
 from .metrics import Metrics, MetricsMiddleware
-from .routers import admin, health, kserve, tables
+from .routers import admin, health, kserve, neighbors, tables
+from .sampler import Sampler
 from .settings import Settings, get_settings
 from .snapshots import SnapshotHolder
 
@@ -74,7 +78,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             checked = published is not None or settings.path_verified
             holder.swap(await run_in_threadpool(holder.load, start, verify=not checked))
             holder.reloads = 0
-        yield
+        if settings.dashboard:
+            async with app.state.sampler.running():
+                yield
+        else:
+            yield
         holder.close()
 
     app = FastAPI(
@@ -82,14 +90,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=evdb.__version__,
         description="Embedding lookups from a read-only evdb snapshot.",
         lifespan=lifespan,
+        docs_url=None,  # served offline by docs.router instead of from FastAPI's CDN pages
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.holder = holder
     app.state.metrics = Metrics(holder, settings.metrics_dir)
+    app.state.sampler = Sampler(app.state.metrics, holder, settings.sample_interval_s)
+    app.state.views = dashboard.Views()
     # The routers' routes go onto the app flat: FastAPI 0.16x keeps an included router as a
     # nested one, which cost 25-30 us a request here (a trivial route: 60-69 us nested,
     # 41-45 us flat, 31-33 us alone), a tenth of a whole 1,000-key binary lookup.
-    for router in (tables.router, kserve.router, health.router, admin.router):
+    routers = [tables.router, neighbors.router, kserve.router, health.router, admin.router]
+    routers.append(docs.router)
+    if settings.dashboard:
+        routers.append(dashboard.router)
+    for router in routers:
         app.router.routes.extend(router.routes)
     openapi.install(app)
 

@@ -16,6 +16,10 @@ variable                   meaning
 ``EVDB_ALLOW_ROOTS``       directories (``os.pathsep``-separated) reload may open from
 ``EVDB_MAX_KEYS``          most keys in one request (default 100,000)
 ``EVDB_CACHE_ROWS``        rows of each table kept in DRAM (default: the snapshot's own)
+``EVDB_DASHBOARD``         ``0``: no ``/dashboard`` page and no ``/v1/dashboard`` routes
+``EVDB_SAMPLE_INTERVAL_S`` seconds between the dashboard's samples of the metrics (default 5)
+``EVDB_MAX_SCAN_ROWS``     the largest table a neighbours query scans (default 2,000,000)
+``EVDB_WORKERS``           worker processes ``evdb serve`` started (shown on the dashboard)
 ``EVDB_PATH_VERIFIED``     ``1``: ``EVDB_PATH``'s checksums were checked (by ``evdb serve``,
                            once for all its workers), so workers do not read them again
 ``EVDB_STATE_FILE``        with several workers: the file through which a reload that one
@@ -33,6 +37,7 @@ from functools import lru_cache
 from pathlib import Path
 
 DEFAULT_MAX_KEYS = 100_000
+DEFAULT_MAX_SCAN_ROWS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -48,10 +53,18 @@ class Settings:
     path_verified: bool = False
     state_file: Path | None = None
     metrics_dir: Path | None = None
+    dashboard: bool = True
+    sample_interval_s: float = 5.0
+    max_scan_rows: int = DEFAULT_MAX_SCAN_ROWS
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.max_keys < 1:
             raise ValueError(f"max_keys must be at least 1, got {self.max_keys}")
+        if not self.sample_interval_s > 0:
+            raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
+        if self.max_scan_rows < 1:
+            raise ValueError(f"max_scan_rows must be at least 1, got {self.max_scan_rows}")
 
     @property
     def max_body_bytes(self) -> int:
@@ -89,4 +102,8 @@ def get_settings() -> Settings:
         path_verified=env.get("EVDB_PATH_VERIFIED") == "1",
         state_file=Path(state) if state else None,
         metrics_dir=Path(metrics_dir) if metrics_dir else None,
+        dashboard=env.get("EVDB_DASHBOARD", "1") != "0",
+        sample_interval_s=float(env.get("EVDB_SAMPLE_INTERVAL_S", "5")),
+        max_scan_rows=int(env.get("EVDB_MAX_SCAN_ROWS", DEFAULT_MAX_SCAN_ROWS)),
+        workers=int(env.get("EVDB_WORKERS", "1")),
     )

@@ -1,0 +1,311 @@
+"""``/dashboard``: the page an operator looks at, and the read-only JSON behind it.
+
+The page is static HTML, one script of ours (``static/dashboard.js``) and uPlot, vendored in
+``static/`` (``static/VENDORED.md``): nothing is fetched from anywhere but this server, and
+every response of the page carries ``Content-Security-Policy: default-src 'self'``.
+
+JSON, under ``/v1/dashboard`` (no admin action, nothing changes):
+
+- ``summary``: the status strip (snapshot, version, step, staleness, uptime, workers) and per
+  table its rows, dim, key type, each tier's rows and bytes against its capacity, and
+  ``Table.stats()`` itself;
+- ``series``: the :class:`~evdb.api.sampler.Sampler`'s ring buffer as rates and quantiles;
+- ``tables/{name}/distributions`` and ``tables/{name}/projection``: computed from a sample of
+  at most 10,000 rows (``evdb.sampling``) taken once per snapshot, not per page load: the key
+  frequencies as a log-log rank/frequency curve with its fitted slope, the rows' ages
+  (``step - last_step``) as a histogram against the TTL, and a 2-D PCA of at most 5,000 rows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+import evdb
+from evdb.sampling import RowSample, sample_rows
+
+from .codec import JSON, ApiError, dumps
+from .deps import settings_of, table_of, use_snapshot
+from .openapi import error_responses
+from .schemas import Error
+from .snapshots import Snapshot
+
+STATIC = Path(__file__).parent / "static"
+CSP = {"Content-Security-Policy": "default-src 'self'", "X-Content-Type-Options": "nosniff"}
+# The page's files: name -> media type (anything else under static/ is not served).
+PAGE_FILES = {
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+    "uPlot.iife.min.js": "text/javascript; charset=utf-8",
+    "uPlot.min.css": "text/css; charset=utf-8",
+}
+SAMPLE_ROWS = 10_000
+PROJECTED_ROWS = 5_000
+AGE_BUCKETS = 20
+RANK_POINTS = 200  # rank/frequency points drawn (log-spaced ranks)
+FIT_MIN_FREQ = 5  # counts below this are mostly rounding: 1 and 2 differ by a factor of 2
+STARTED = time.time()
+
+router = APIRouter(tags=["dashboard"])
+ERRORS = error_responses(Error, 404, 503)
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Summary(_Open):
+    server: dict[str, Any] = Field(
+        description="path, version, step, loaded_at, age_s (since the snapshot was written), "
+        "staleness_s (since it was loaded), uptime_s, workers, sample_interval_s"
+    )
+    tables: list[dict[str, Any]] = Field(
+        description="Per table: name, dim, key_type, rows, ttl_steps, tiers (name, rows, "
+        "capacity, bytes, fill), stats (Table.stats())"
+    )
+
+
+class Series(_Open):
+    interval_s: float
+    t: list[float] = Field(description="Unix time of each sample (the last one: now).")
+    tables: dict[str, dict[str, list[float | None]]] = Field(
+        description="Per table: lookups (cumulative), lookup_rate (/s), p50_ms, p95_ms, "
+        "p99_ms, hit_rate, missing_rate, and not_admitted, evictions, promotions, "
+        "written_back with their _rate"
+    )
+
+
+class Distributions(_Open):
+    table: str
+    sample_rows: int
+    rows: int
+    frequency: dict[str, Any] = Field(description="rank, freq, slope, fit (ranks fitted)")
+    age: dict[str, Any] = Field(description="edges, counts, ttl_steps, step")
+
+
+class Projection(_Open):
+    table: str
+    x: list[float]
+    y: list[float]
+    labels: list[str]
+    explained: list[float] = Field(description="Variance share of each of the two axes.")
+
+
+# -- the figures ----------------------------------------------------------------------------
+
+
+def rank_frequency(freq: np.ndarray) -> dict[str, Any]:
+    """Frequencies sorted down against their rank (log-spaced ranks, at most RANK_POINTS),
+    and the least-squares slope of log f against log rank over the ranks whose count is at
+    least FIT_MIN_FREQ (all counted ones if fewer than 5 are), each decade weighted alike.
+    A row sample scales every rank by the same factor, which leaves the slope as it is."""
+    f = np.sort(freq[freq > 0])[::-1].astype(np.float64)
+    if f.size == 0:
+        return {"rank": [], "freq": [], "slope": None, "fit": [0, 0]}
+    picks = np.unique(np.geomspace(1, f.size, num=min(RANK_POINTS, f.size)).astype(np.int64))
+    last = int(np.count_nonzero(f >= FIT_MIN_FREQ))
+    if last < 5:
+        last = f.size
+    fit = picks[picks <= last]
+    slope = None
+    if fit.size >= 2 and f[fit[0] - 1] != f[fit[-1] - 1]:
+        slope = float(np.polyfit(np.log(fit), np.log(f[fit - 1]), 1)[0])
+    return {"rank": picks.tolist(), "freq": f[picks - 1].tolist(), "slope": slope,
+            "fit": [1, last]}  # fmt: skip
+
+
+def age_histogram(sample: RowSample, ttl_steps: int | None) -> dict[str, Any]:
+    """Rows' ages ``step - last_step`` in AGE_BUCKETS equal buckets over [0, ttl_steps] (the
+    oldest live age), or over [0, the oldest age] without a TTL."""
+    ages = sample.step - sample.last_step
+    top = ttl_steps if ttl_steps is not None else int(ages.max(initial=0))
+    counts, edges = np.histogram(ages, bins=AGE_BUCKETS, range=(0, max(top, 1)))
+    return {
+        "edges": edges.tolist(),
+        "counts": counts.tolist(),
+        "ttl_steps": ttl_steps,
+        "step": sample.step,
+    }
+
+
+def pca_2d(values: np.ndarray) -> tuple[np.ndarray, list[float]]:
+    """(m, 2) coordinates on the two main axes of the centred rows, and each axis' share of
+    the variance."""
+    if values.shape[0] == 0:
+        return np.zeros((0, 2)), [0.0, 0.0]
+    centred = values.astype(np.float64) - values.mean(axis=0)
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    axes = vt[:2]
+    xy = centred @ axes.T
+    if xy.shape[1] < 2:  # a table of dim 1: the second axis is flat
+        xy = np.hstack([xy, np.zeros((xy.shape[0], 1))])
+    var = s**2
+    share = (var[:2] / var.sum()).tolist() if var.sum() > 0 else [0.0, 0.0]
+    return xy, [*share, 0.0][:2]
+
+
+def _labels(table: evdb.Table, keys: np.ndarray) -> list[str]:
+    if table.config.keep_strings:
+        strings = table.strings(keys)
+        return [s if s is not None else str(k) for s, k in zip(strings, keys.tolist(), strict=True)]
+    return [str(k) for k in keys.tolist()]
+
+
+@dataclass
+class TableView:
+    distributions: dict[str, Any]
+    projection: dict[str, Any]
+
+
+class Views:
+    """Each table's sampled figures, computed once per snapshot (on first request)."""
+
+    def __init__(self) -> None:
+        self._snap: Snapshot | None = None
+        self._views: dict[str, TableView] = {}
+
+    def get(self, snap: Snapshot, name: str) -> TableView:
+        if snap is not self._snap:
+            self._snap, self._views = snap, {}
+        view = self._views.get(name)
+        if view is None:
+            view = self._views[name] = self._compute(snap, name)
+        return view
+
+    @staticmethod
+    def _compute(snap: Snapshot, name: str) -> TableView:
+        table = table_of(snap, name)
+        sample = sample_rows(table, SAMPLE_ROWS)
+        freq = rank_frequency(sample.freq)
+        dist = {
+            "table": name,
+            "sample_rows": int(sample.keys.shape[0]),
+            "rows": sample.total,
+            "frequency": freq,
+            "counted": bool(np.any(sample.freq > 0)),
+            "age": age_histogram(sample, table.config.ttl_steps),
+        }
+        head = slice(0, PROJECTED_ROWS)
+        xy, share = pca_2d(sample.values[head])
+        proj = {
+            "table": name,
+            "x": xy[:, 0].round(5).tolist(),
+            "y": xy[:, 1].round(5).tolist(),
+            "labels": _labels(table, sample.keys[head]),
+            "explained": share,
+        }
+        return TableView(dist, proj)
+
+
+def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for name, level in stats["tiers"].items():
+        cap = level.get("capacity")
+        out.append(
+            {
+                "name": name,
+                "rows": level.get("rows", 0),
+                "capacity": cap,
+                "bytes": level.get("bytes", 0),
+                "fill": None if not cap else level.get("rows", 0) / cap,
+            }
+        )
+    return out
+
+
+def summary(snap: Snapshot, request: Request) -> dict[str, Any]:
+    settings = settings_of(request)
+    now = time.time()
+    manifest = snap.path / "MANIFEST.json"
+    written = manifest if manifest.exists() else snap.path / "evdb.json"
+    try:
+        age = now - os.stat(written).st_mtime
+    except OSError:
+        age = None
+    server = {
+        **snap.info(),
+        "age_s": age,
+        "staleness_s": now - snap.loaded_at,
+        "uptime_s": now - STARTED,
+        "workers": settings.workers,
+        "sample_interval_s": settings.sample_interval_s,
+        "reloads": request.app.state.holder.reloads,
+        "evdb_version": evdb.__version__,
+    }
+    tables = []
+    for name, t in snap.tables.items():
+        stats = t.stats()
+        tables.append(
+            {
+                "name": name,
+                "dim": t.dim,
+                "key_type": t.config.key_type,
+                "rows": stats["rows"],
+                "ttl_steps": t.config.ttl_steps,
+                "keeps_strings": t.config.keep_strings,
+                "tiers": _tiers(stats),
+                "stats": stats,
+            }
+        )
+    return {"server": server, "tables": tables}
+
+
+# -- routes ---------------------------------------------------------------------------------
+
+
+def _file(name: str, media_type: str) -> Response:
+    return Response((STATIC / name).read_bytes(), media_type=media_type, headers=CSP)
+
+
+@router.get("/dashboard", include_in_schema=False)
+async def page() -> Response:
+    return _file("dashboard.html", "text/html; charset=utf-8")
+
+
+@router.get("/dashboard/static/{file}", include_in_schema=False)
+async def asset(file: str) -> Response:
+    media = PAGE_FILES.get(file)
+    if media is None:
+        raise ApiError(404, f"file: no dashboard file named {file[:64]!r}")
+    return _file(file, media)
+
+
+@router.get("/v1/dashboard/summary", response_model=Summary, responses=ERRORS)
+async def get_summary(request: Request) -> Response:
+    """The status strip and each table's size, tiers and ``Table.stats()``."""
+    with use_snapshot(request) as snap:
+        return Response(dumps(summary(snap, request)), media_type=JSON)
+
+
+@router.get("/v1/dashboard/series", response_model=Series, responses=ERRORS)
+async def get_series(request: Request) -> Response:
+    """The sampled time series (every ``interval_s``, an hour kept), ending now: lookups and
+    their latency quantiles summed over the workers, hit and missing-key rates, and the
+    tables' counters with their rates."""
+    return Response(dumps(request.app.state.sampler.series()), media_type=JSON)
+
+
+@router.get(
+    "/v1/dashboard/tables/{name}/distributions", response_model=Distributions, responses=ERRORS
+)
+async def get_distributions(name: str, request: Request) -> Response:
+    """Key frequency (rank/frequency, fitted slope) and row age (histogram, TTL) of a sample
+    of at most 10,000 live rows, taken once per snapshot."""
+    with use_snapshot(request) as snap:
+        view = request.app.state.views.get(snap, name)
+        return Response(dumps(view.distributions), media_type=JSON)
+
+
+@router.get("/v1/dashboard/tables/{name}/projection", response_model=Projection, responses=ERRORS)
+async def get_projection(name: str, request: Request) -> Response:
+    """A 2-D PCA of at most 5,000 sampled rows, each labelled by its key (or string)."""
+    with use_snapshot(request) as snap:
+        view = request.app.state.views.get(snap, name)
+        return Response(dumps(view.projection), media_type=JSON)

@@ -1,0 +1,216 @@
+"""The dashboard's time series: a ring buffer of samples of the server's own metrics.
+
+Every ``interval_s`` seconds (5 by default; an hour of them is kept) :class:`Sampler` reads
+the Prometheus exposition, the text ``/metrics`` serves, so with several workers the request
+counts and latencies are the sums over every worker, as ``/metrics`` sums them. The table
+figures (DRAM hits and misses, evictions, promotions, write-backs, admission refusals) are
+this worker's own: each worker reads them from its own tables.
+
+A sample holds cumulative counters; :meth:`Sampler.series` turns consecutive samples into
+rates, hit rates and latency quantiles over each interval (a quantile interpolated within its
+histogram bucket, as Prometheus' ``histogram_quantile`` does). The series ends with a sample
+taken when it is asked for, so a page sees requests made since the last tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .snapshots import SnapshotHolder
+
+# The routes whose requests are lookups (what the request-rate and latency series count).
+LOOKUP_ENDPOINTS = frozenset(
+    {
+        "/v1/tables/{name}/lookup",
+        "/v2/models/{model}/infer",
+        "/v2/models/{model}/versions/{version}/infer",
+    }
+)
+QUANTILES = (0.5, 0.95, 0.99)
+# Counters read from Table.stats(): admission refusals, and the top tier's evictions,
+# promotions and write-backs
+TABLE_COUNTERS = ("not_admitted", "evictions", "promotions", "written_back")
+
+
+@dataclass
+class TableSample:
+    lookups: float = 0.0
+    buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+    served: float = 0.0
+    missing: float = 0.0
+    hits: float = 0.0
+    misses: float = 0.0
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Sample:
+    t: float
+    tables: dict[str, TableSample]
+
+
+def read_sample(metrics: Metrics, holder: SnapshotHolder) -> Sample:
+    """The cumulative figures now: the exposition's (every worker's) and this worker's
+    tables' counters."""
+    tables: dict[str, TableSample] = {}
+
+    def of(name: str) -> TableSample:
+        return tables.setdefault(name, TableSample())
+
+    text = metrics.exposition().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = s.labels
+            table = labels.get("table", "")
+            if not table:
+                continue
+            if s.name == "evdb_requests_total" and labels.get("endpoint") in LOOKUP_ENDPOINTS:
+                of(table).lookups += s.value
+            elif (
+                s.name == "evdb_request_duration_seconds_bucket"
+                and labels.get("endpoint") in LOOKUP_ENDPOINTS
+            ):
+                le = float(labels["le"])
+                b = of(table).buckets
+                b[le] = b.get(le, 0.0) + s.value
+            elif s.name == "evdb_rows_served_total":
+                of(table).served += s.value
+            elif s.name == "evdb_keys_missing_total":
+                of(table).missing += s.value
+            elif s.name == "evdb_cache_hits_total":
+                of(table).hits += s.value
+            elif s.name == "evdb_cache_misses_total":
+                of(table).misses += s.value
+    snap = holder.acquire()
+    if snap is not None:
+        try:
+            for name, t in snap.tables.items():
+                stats = t.stats()
+                top = next(iter(stats["tiers"].values()))
+                of(name).counters = {
+                    "not_admitted": float(stats["admission"]["not_admitted"]),
+                    "evictions": float(top.get("evictions", 0)),
+                    "promotions": float(top.get("promotions", 0)),
+                    "written_back": float(top.get("written_back", 0)),
+                }
+        finally:
+            holder.release(snap)
+    return Sample(time.time(), tables)
+
+
+def _delta(now: float, before: float) -> float:
+    """How much a counter grew; a counter that went back (a reload reset it) grew by its
+    whole new value."""
+    return now - before if now >= before else now
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """The q-quantile of a histogram's cumulative bucket counts (None without observations),
+    interpolated linearly within its bucket; the +Inf bucket answers its lower bound."""
+    edges = sorted(buckets)
+    if not edges or buckets[edges[-1]] <= 0:
+        return None
+    rank = q * buckets[edges[-1]]
+    lower, below = 0.0, 0.0
+    for le in edges:
+        count = buckets[le]
+        if count >= rank:
+            if math.isinf(le):
+                return lower
+            share = (rank - below) / (count - below) if count > below else 1.0
+            return lower + (le - lower) * share
+        lower, below = le, count
+    return lower  # pragma: no cover (the last bucket holds every observation)
+
+
+class Sampler:
+    """A ring buffer of :class:`Sample`, filled every ``interval_s`` by :meth:`run`."""
+
+    def __init__(
+        self, metrics: Metrics, holder: SnapshotHolder, interval_s: float, keep_s: float = 3600
+    ) -> None:
+        self.metrics = metrics
+        self.holder = holder
+        self.interval_s = interval_s
+        self.ring: deque[Sample] = deque(maxlen=max(2, int(keep_s / interval_s)))
+
+    def tick(self) -> None:
+        self.ring.append(read_sample(self.metrics, self.holder))
+
+    async def run(self) -> None:
+        """Sample until cancelled. On the event loop: handlers do their table work without
+        awaiting, so a sample never reads a table while a request uses it."""
+        while True:
+            self.tick()
+            await asyncio.sleep(self.interval_s)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def series(self) -> dict[str, Any]:
+        """Per table, the series the dashboard draws: for each sample after the first, the
+        cumulative lookups, the lookup rate (/s), p50/p95/p99 latency (ms, None in an interval
+        without lookups), the DRAM hit rate and the missing-key rate (None without reads), and
+        each table counter with its rate."""
+        samples = [*self.ring, read_sample(self.metrics, self.holder)]
+        names = sorted({n for s in samples for n in s.tables})
+        out: dict[str, Any] = {"interval_s": self.interval_s, "t": [], "tables": {}}
+        per: dict[str, dict[str, list[Any]]] = {
+            n: {
+                key: []
+                for key in (
+                    "lookups",
+                    "lookup_rate",
+                    "p50_ms",
+                    "p95_ms",
+                    "p99_ms",
+                    "hit_rate",
+                    "missing_rate",
+                    *TABLE_COUNTERS,
+                    *(f"{c}_rate" for c in TABLE_COUNTERS),
+                )
+            }
+            for n in names
+        }
+        for prev, cur in itertools.pairwise(samples):
+            dt = max(cur.t - prev.t, 1e-9)
+            out["t"].append(cur.t)
+            for n in names:
+                a, b = prev.tables.get(n, TableSample()), cur.tables.get(n, TableSample())
+                col = per[n]
+                col["lookups"].append(b.lookups)
+                col["lookup_rate"].append(_delta(b.lookups, a.lookups) / dt)
+                window = {le: _delta(c, a.buckets.get(le, 0.0)) for le, c in b.buckets.items()}
+                for q in QUANTILES:
+                    v = quantile(q, window)
+                    col[f"p{round(q * 100)}_ms"].append(None if v is None else v * 1000)
+                hits, misses = _delta(b.hits, a.hits), _delta(b.misses, a.misses)
+                col["hit_rate"].append(hits / (hits + misses) if hits + misses else None)
+                served = _delta(b.served, a.served)
+                missing = _delta(b.missing, a.missing)
+                col["missing_rate"].append(missing / served if served else None)
+                for c in TABLE_COUNTERS:
+                    now, before = b.counters.get(c, 0.0), a.counters.get(c, 0.0)
+                    col[c].append(now)
+                    col[f"{c}_rate"].append(_delta(now, before) / dt)
+        out["tables"] = per
+        return out

@@ -1,0 +1,83 @@
+"""A bounded, deterministic sample of a table's live rows, for the dashboard's distributions.
+
+Each live row gets a priority from its key alone (splitmix64 of the key), and the sample is
+the ``max_rows`` rows of lowest priority: a uniform sample of the rows that is the same on
+every call, every worker and every process for the same table, kept in one streamed pass
+(memory: the sample plus one chunk, whatever the table's size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from evdb._types import Float32Array, Int64Array
+from evdb.errors import InvalidArgumentError
+from evdb.kernels.hashing import mix64_np
+
+if TYPE_CHECKING:
+    from evdb.table import Table
+
+__all__ = ["RowSample", "sample_rows", "sample_steps"]
+
+_CHUNK_ROWS = 65536
+
+
+@dataclass(frozen=True)
+class RowSample:
+    """Sampled rows, in priority order (any prefix is itself a uniform sample).
+
+    keys (m,) int64, values (m, dim) float32, freq (m,) int64 (training pulls counted),
+    last_step (m,) int64; ``step`` is the table's global step, ``total`` its live rows.
+    """
+
+    keys: Int64Array
+    values: Float32Array
+    freq: Int64Array
+    last_step: Int64Array
+    step: int
+    total: int
+
+
+def sample_steps(table: Table, max_rows: int) -> Iterator[RowSample | None]:
+    """:func:`sample_rows` one chunk at a time: yields None after each chunk scanned (a
+    server gives other work a turn there), then the sample."""
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise InvalidArgumentError(f"max_rows must be an int >= 1, got {max_rows!r}")
+    table._db._check_open()
+    min_live = table._min_live()
+    dim = table.dim
+    prio = np.empty(0, dtype=np.uint64)
+    keys = np.empty(0, dtype=np.int64)
+    values = np.empty((0, dim), dtype=np.float32)
+    freq = np.empty(0, dtype=np.int64)
+    last = np.empty(0, dtype=np.int64)
+    total = 0
+    for k, records in table._chain.scan(_CHUNK_ROWS):
+        live = records.last_step >= min_live
+        total += int(np.count_nonzero(live))
+        p = mix64_np(k[live].view(np.uint64))
+        prio = np.concatenate([prio, p])
+        keys = np.concatenate([keys, k[live]])
+        values = np.concatenate([values, records.values[live]])
+        freq = np.concatenate([freq, records.freq[live].astype(np.int64)])
+        last = np.concatenate([last, records.last_step[live]])
+        if prio.shape[0] > max_rows:
+            keep = np.argpartition(prio, max_rows - 1)[:max_rows]
+            prio, keys, values = prio[keep], keys[keep], values[keep]
+            freq, last = freq[keep], last[keep]
+        yield None
+    order = np.argsort(prio, kind="stable")
+    yield RowSample(keys[order], values[order], freq[order], last[order], table._db.step, total)
+
+
+def sample_rows(table: Table, max_rows: int = 10_000) -> RowSample:
+    """Up to ``max_rows`` live rows chosen uniformly (by a hash of the key: the same rows on
+    every call), with their frequency and last step."""
+    for out in sample_steps(table, max_rows):
+        if out is not None:
+            return out
+    raise AssertionError("sample_steps ends with the sample")  # pragma: no cover
