@@ -12,6 +12,7 @@ from evdb.config import DiskConfig, DramConfig, HbmConfig, TableConfig
 from evdb.database import Database, open
 from evdb.errors import (
     CapacityError,
+    CollectiveError,
     ConfigError,
     CorruptDataError,
     DatabaseClosedError,
@@ -22,6 +23,7 @@ from evdb.errors import (
     InvalidTypeError,
     KeyCollisionError,
     ReadOnlyError,
+    ShardLayoutError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -34,6 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CapacityError",
+    "CollectiveError",
     "ConfigError",
     "CorruptDataError",
     "Database",
@@ -49,6 +52,7 @@ __all__ = [
     "KeyCollisionError",
     "Pulled",
     "ReadOnlyError",
+    "ShardLayoutError",
     "Table",
     "TableConfig",
     "TableExistsError",

@@ -60,3 +60,14 @@ class KeyCollisionError(EvdbError, ValueError):
 
 class ReadOnlyError(EvdbError, RuntimeError):
     """A write to a database opened with ``read_only=True``."""
+
+
+class CollectiveError(EvdbError, RuntimeError):
+    """A collective call of a sharded database failed: the ranks called different operations
+    (a rank skipped one), or a rank died or stopped answering within the process group's
+    timeout. The job restarts from its last sharded checkpoint."""
+
+
+class ShardLayoutError(EvdbError, ValueError):
+    """A sharded database or checkpoint does not fit this job: another world size, or other
+    tables or placements than the ranks agree on."""

@@ -35,8 +35,11 @@ import torch
 from torch import nn
 
 from evdb.bags import parse_bags, parse_offsets
+from evdb.distributed.table import ShardedTable
 from evdb.pulled import Pulled
 from evdb.table import Table
+
+AnyTable = Table | ShardedTable  # what the modules take: a table, or a sharded one
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "FusedOptimizer"]
 
@@ -51,7 +54,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     ``step()`` and ``zero_grad()`` do nothing, because the update happens inside backward.
     """
 
-    def __init__(self, tables: Mapping[str, Table]) -> None:
+    def __init__(self, tables: Mapping[str, AnyTable]) -> None:
         self._tables = dict(tables)
         groups = [
             {"params": [torch.zeros(())], "lr": t.learning_rate, "table": name}
@@ -59,7 +62,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         ]
         super().__init__(groups, {"lr": 0.0})
 
-    def sync(self, table: Table) -> None:
+    def sync(self, table: AnyTable) -> None:
         """Apply the param group's lr to the table (called before each push)."""
         for group in self.param_groups:
             if self._tables.get(group["table"]) is table and group["lr"] != table.learning_rate:
@@ -81,7 +84,7 @@ class _PullCombine(torch.autograd.Function):
         ctx: Any,
         anchor: torch.Tensor,
         weights: torch.Tensor | None,
-        table: Table,
+        table: AnyTable,
         keys: np.ndarray,
         offsets: np.ndarray,
         mode: str,
@@ -127,7 +130,7 @@ def _weight_grad(
 @torch.compiler.disable  # type: ignore[untyped-decorator]
 def _embed(
     module: nn.Module,
-    table: Table,
+    table: AnyTable,
     keys: np.ndarray,
     offsets: np.ndarray,
     weights: torch.Tensor | None,
@@ -237,7 +240,7 @@ class EmbeddingBag(nn.Module):
 
     def __init__(
         self,
-        table: Table,
+        table: AnyTable,
         mode: str = "mean",
         max_norm: float | None = None,
         norm_type: float = 2.0,
@@ -245,8 +248,10 @@ class EmbeddingBag(nn.Module):
         padding_idx: int | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(table, Table):
-            raise TypeError(f"table must be an evdb.Table, got {type(table).__name__}")
+        if not isinstance(table, Table | ShardedTable):
+            raise TypeError(
+                f"table must be an evdb.Table or a sharded table, got {type(table).__name__}"
+            )
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if norm_type != 2.0:
@@ -315,7 +320,7 @@ class EmbeddingBagCollection(nn.Module):
 
     def __init__(
         self,
-        tables: Mapping[str, Table],
+        tables: Mapping[str, AnyTable],
         mode: str = "sum",
         max_norm: float | None = None,
         concat: bool = False,
@@ -324,8 +329,11 @@ class EmbeddingBagCollection(nn.Module):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         for name, t in tables.items():
-            if not isinstance(t, Table):
-                raise TypeError(f"tables[{name!r}] must be an evdb.Table, got {type(t).__name__}")
+            if not isinstance(t, Table | ShardedTable):
+                raise TypeError(
+                    f"tables[{name!r}] must be an evdb.Table or a sharded table, got "
+                    f"{type(t).__name__}"
+                )
         self.tables = dict(tables)
         self.mode = mode
         self.max_norm = max_norm

@@ -14,7 +14,7 @@ import numpy as np
 from evdb._types import Int64Array
 from evdb.arrays import float_matrix
 from evdb.errors import CapacityError
-from evdb.records import FROZEN
+from evdb.records import FROZEN, RecordBatch
 
 if TYPE_CHECKING:
     from evdb.table import Table
@@ -99,3 +99,23 @@ def delete(table: Table, keys: Any) -> int:
     if n_live:
         table._bump_version()
     return n_live
+
+
+def restore_records(table: Table, keys: Int64Array, records: RecordBatch) -> None:
+    """Put whole records (values, slots, ``freq``, ``last_step``, ``version``, flags) for
+    distinct keys the table holds no row of, as they are: how resharding moves rows between
+    shards. Rows beyond the DRAM tier's room spill down as training's would; a table that
+    cannot spill refuses a batch it has no room for (``CapacityError``), dropping nothing."""
+    table._db._check_writable()
+    n = keys.shape[0]
+    if n == 0:
+        return
+    cap = table._dram.capacity_rows
+    if cap is not None and not table._chain.spill and len(table._dram) + n > cap:
+        raise CapacityError(
+            f"keys: {len(table._dram) + n} rows do not fit dram_rows={cap} of table "
+            f"{table.name!r}, which has no lower tier to spill to"
+        )
+    table._chain.create(keys, records)
+    table._version = max(table._version, int(records.version.max()))
+    table._chain.evict(table._db.step, table._min_live())

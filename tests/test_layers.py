@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 # Each layer may import the layers after it, never those before it.
 LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
+    | {"evdb.distributed"}  # sharding: a layer above Database and Table (DESIGN)
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
     {"evdb", "evdb.database", "evdb.checkpoint"},  # "evdb" is the facade, for callers only
     {"evdb.table", "evdb.pulled", "evdb.strings"}  # Table, and the modules of its method bodies

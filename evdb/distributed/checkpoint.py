@@ -1,0 +1,289 @@
+"""Sharded checkpoints, resharding, and the merged views of a sharded database.
+
+A sharded checkpoint is one ordinary evdb checkpoint per rank (``shard-<rank>/``) plus
+``sharding.json``, which rank 0 writes last: the layout, the step, and the xxh3-128 of every
+shard's ``MANIFEST.json`` (each of which checksums its shard's files). A checkpoint without
+that file, or whose shards do not match it, is refused.
+
+Resharding is offline and needs no process group: every new shard is built in turn from the
+old shards that hold any of its keys, streamed a chunk of rows at a time, and written as an
+ordinary checkpoint. Under ``"hash"`` placement the old and new bucket ranges say which old
+shards overlap a new one, so the others are not read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from evdb import database as _database
+from evdb.checkpoint import MANIFEST, file_digest, fsync_path
+from evdb.database import Database
+from evdb.distributed.layout import LAYOUT, read_layout, shard_dir, write_json
+from evdb.distributed.placement import Placement
+from evdb.errors import CorruptDataError, EvdbError, InvalidArgumentError
+from evdb.io.export import export as _export_one
+from evdb.table import Table
+from evdb.table_state import COUNTERS
+from evdb.writes import restore_records
+
+if TYPE_CHECKING:
+    from evdb.distributed.database import ShardedDatabase
+
+__all__ = ["checkpoint", "export", "info", "reshard"]
+
+Progress = Callable[[int, int], object]
+
+
+def checkpoint(sdb: ShardedDatabase, dest: Path, base: Path | None) -> dict[str, Any]:
+    """``ShardedDatabase.checkpoint`` (see there)."""
+    x, rank = sdb._x, sdb.rank
+    error: Any = None
+    try:
+        if rank == 0 and (dest / LAYOUT).exists():
+            raise InvalidArgumentError(f"dest: {dest} already holds a sharded checkpoint")
+        base_shard = None
+        if base is not None:
+            layout = read_layout(base)
+            if layout is None or "checkpoint" not in layout:
+                raise InvalidArgumentError(f"base: {base} is not a sharded checkpoint")
+            if layout["world_size"] != sdb.world_size:
+                raise InvalidArgumentError(
+                    f"base: {base} has {layout['world_size']} shards, this job "
+                    f"{sdb.world_size}; take a full checkpoint"
+                )
+            base_shard = shard_dir(base, rank)
+    except EvdbError as e:
+        error = e
+    x.begin("checkpoint", failed=error is not None)
+    if error is not None:
+        raise error
+    try:
+        manifest = sdb.local.checkpoint(shard_dir(dest, rank), base_shard)
+        result: Any = (file_digest(shard_dir(dest, rank) / MANIFEST), manifest["kind"])
+    except EvdbError as e:
+        result = e
+    views = x.gather_objects(result, "checkpoint")
+    failed = [(r, v) for r, v in enumerate(views) if isinstance(v, BaseException)]
+    if failed:
+        r, why = failed[0]
+        raise CorruptDataError(f"checkpoint: rank {r} could not write its shard: {why}")
+    layout = dict(sdb._layout)
+    layout["step"] = sdb.step
+    layout["checkpoint"] = {
+        "kind": views[0][1],
+        "base": None if base is None else str(base.resolve()),
+        "shards": {shard_dir(dest, r).name: v[0] for r, v in enumerate(views)},
+    }
+    if rank == 0:  # last: a checkpoint without it is incomplete
+        write_json(dest / LAYOUT, layout)
+    x.barrier("checkpoint")
+    return layout
+
+
+def _source(src: Path) -> tuple[dict[str, Any], list[Path]]:
+    """A sharded checkpoint's (or closed sharded database's) layout and shard directories,
+    every shard manifest checked against the layout."""
+    layout = read_layout(src)
+    if layout is None:
+        raise CorruptDataError(
+            f"{src}: no {LAYOUT}: not a sharded database, or a sharded checkpoint that did "
+            "not complete (its manifest is written last)"
+        )
+    shards = [shard_dir(src, r) for r in range(layout["world_size"])]
+    listed = (layout.get("checkpoint") or {}).get("shards")
+    for path in shards:
+        if not path.is_dir():
+            raise CorruptDataError(f"{path}: missing (listed in {src / LAYOUT})")
+        if listed is None:
+            continue
+        manifest = path / MANIFEST
+        if not manifest.is_file():
+            raise CorruptDataError(f"{path}: has no {MANIFEST} (listed in {src / LAYOUT})")
+        if file_digest(manifest) != listed.get(path.name):
+            raise CorruptDataError(f"{manifest}: not the shard manifest {src / LAYOUT} lists")
+    return layout, shards
+
+
+def _overlapping(placement: Placement, old: int, new: int, m: int) -> list[int]:
+    """The old shards that can hold keys new shard m owns: bucket ranges that overlap under
+    "hash"; every old shard under "mod" and "div"."""
+    if placement.kind != "hash":
+        return list(range(old))
+    a, b = placement.bucket_starts(old), placement.bucket_starts(new)
+    return [n for n in range(old) if a[n] < b[m + 1] and b[m] < a[n + 1]]
+
+
+def _create_like(db: Database, name: str, table: Table) -> Table:
+    c = table.config
+    return db.create_table(
+        name,
+        c.dim,
+        key_type=c.key_type,
+        initializer=c.initializer,
+        admission=c.admission,
+        optimizer=c.optimizer,
+        ttl_steps=c.ttl_steps,
+        l2_threshold=c.l2_threshold,
+        default_value=c.default_value,
+        keep_strings=c.keep_strings,
+        dram=c.dram,
+        disk=False if c.disk is None else c.disk,
+        hbm=c.hbm,
+    )
+
+
+def _carry_state(new: Table, olds: list[Table], m: int, placement: Placement, n_new: int) -> None:
+    """What is not rows: the global push count (Adam's bias correction), the highest version,
+    the pending admission counts of the keys shard m owns (a Bloom filter's counters summed,
+    on every new shard), and, on shard 0 only, the counters, so that their totals stay."""
+    new._pushes = olds[0]._pushes
+    new._version = max([new._version] + [t._version for t in olds])
+    states = [t._admission.to_arrays() for t in olds]
+    if "keys" in states[0]:  # Counter: per key
+        keys = np.concatenate([s["keys"] for s in states])
+        mine = placement.owners(keys, n_new) == m
+        arrays = {
+            "keys": keys[mine],
+            "counts": np.concatenate([s["counts"] for s in states])[mine],
+            "last_seen": np.concatenate([s["last_seen"] for s in states])[mine],
+            "forgotten": np.array([sum(int(s["forgotten"][0]) for s in states) if m == 0 else 0]),
+        }
+        new._admission.load_arrays(arrays)
+    elif "counters" in states[0]:  # Bloom: the filter of every key, as one process has it
+        total = np.sum([s["counters"].astype(np.int64) for s in states], axis=0)
+        new._admission.load_arrays({"counters": np.minimum(total, 255).astype(np.uint8)})
+    if m == 0:
+        for name in COUNTERS:
+            new._counters[name] = sum(t._counters[name] for t in olds)
+        new._dram.evictions = sum(t._dram.evictions for t in olds)
+        new._dram.expired_evictions = sum(t._dram.expired_evictions for t in olds)
+
+
+def reshard(
+    src: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    shards: int,
+    *,
+    chunk_rows: int = 65536,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Write a sharded checkpoint for ``shards`` ranks at dest from the sharded checkpoint
+    (or closed sharded database) at src, offline.
+
+    Every new shard gets exactly the rows (values, slots, ``freq``, ``last_step``,
+    ``version``) and pending admission counts that the tables' placements now send to it,
+    streamed ``chunk_rows`` at a time; counters keep their totals. N -> M -> N is the
+    identity on rows. ``progress(rows_done, rows_total)`` after each chunk. Returns the new
+    ``sharding.json``. Incremental shard checkpoints are refused: open and checkpoint them
+    in full first.
+    """
+    src, dest = Path(src), Path(dest)
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise InvalidArgumentError(f"shards must be an int >= 1, got {shards!r}")
+    if dest.exists():
+        raise InvalidArgumentError(f"dest: {dest} already exists")
+    layout, olds = _source(src)
+    placements = {n: Placement.from_dict(p) for n, p in layout["tables"].items()}
+    for p in placements.values():
+        p.check(shards)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    done, total = 0, None
+    try:
+        opened = [_database.open(p, read_only=True) for p in olds]
+        try:
+            step = opened[0].step
+            if total is None:
+                total = sum(len(db.table(n)) for db in opened for n in placements)
+            digests = {}
+            for m in range(shards):
+                work = tmp / f".work-{m:05d}"
+                with _database.open(work) as new:
+                    new.advance(step)
+                    for name, placement in placements.items():
+                        sources = [db.table(name) for db in opened]
+                        t = _create_like(new, name, sources[0])
+                        for n in _overlapping(placement, len(olds), shards, m):
+                            for keys, records in sources[n]._chain.scan(chunk_rows):
+                                mine = placement.owners(keys, shards) == m
+                                restore_records(t, keys[mine], records.take(mine))
+                                done += int(np.count_nonzero(mine))
+                                if progress is not None:
+                                    progress(done, total)
+                        _carry_state(t, sources, m, placement, shards)
+                    new.checkpoint(shard_dir(tmp, m))
+                shutil.rmtree(work)
+                digests[shard_dir(tmp, m).name] = file_digest(shard_dir(tmp, m) / MANIFEST)
+        finally:
+            for db in opened:
+                db.close()
+        out = {
+            "format": layout["format"],
+            "world_size": shards,
+            "tables": layout["tables"],
+            "step": step,
+            "checkpoint": {"kind": "full", "base": None, "shards": digests},
+        }
+        write_json(tmp / LAYOUT, out)
+        os.replace(tmp, dest)
+        fsync_path(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def export(
+    src: str | os.PathLike[str], dest: str | os.PathLike[str], **options: Any
+) -> dict[str, Any]:
+    """``evdb.export`` of a sharded checkpoint (or closed sharded database): the shards
+    merged into one export (a serving snapshot by default) that ``evdb serve`` serves as it
+    serves any. ``options`` are ``evdb.export``'s. The shards are resharded into one beside
+    dest first (streamed), then exported."""
+    dest = Path(dest)
+    if dest.exists() or dest.is_symlink():
+        raise InvalidArgumentError(f"dest: {dest} already exists")
+    merged = dest.parent / f".{dest.name}.merge-{os.getpid()}"
+    shutil.rmtree(merged, ignore_errors=True)
+    try:
+        reshard(src, merged, 1, progress=None)
+        return _export_one(shard_dir(merged, 0), dest, **options)
+    finally:
+        shutil.rmtree(merged, ignore_errors=True)
+
+
+def info(src: str | os.PathLike[str]) -> dict[str, Any]:
+    """A sharded checkpoint's or database's layout, and each table's rows per shard with the
+    imbalance (the most rows on one shard over the mean)."""
+    src = Path(src)
+    layout, shards = _source(src)
+    per_table: dict[str, list[int]] = {n: [] for n in layout["tables"]}
+    step = None
+    for path in shards:
+        with _database.open(path, read_only=True) as db:
+            step = db.step
+            for name in per_table:
+                per_table[name].append(len(db.table(name)))
+    tables = {}
+    for name, rows in per_table.items():
+        mean = sum(rows) / len(rows)
+        tables[name] = {
+            "placement": layout["tables"][name],
+            "rows": sum(rows),
+            "shards": rows,
+            "imbalance": max(rows) / mean if mean else 1.0,
+        }
+    return {
+        "path": str(src),
+        "world_size": layout["world_size"],
+        "step": step,
+        "checkpoint": layout.get("checkpoint"),
+        "tables": tables,
+    }

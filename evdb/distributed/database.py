@@ -1,0 +1,321 @@
+"""``ShardedDatabase``: one evdb database per rank of a ``torch.distributed`` job.
+
+A sharded root holds::
+
+    sharding.json          the layout: world size, each table's placement (replaced atomically
+                           by rank 0; in a sharded checkpoint, also the step and every shard
+                           manifest's checksum, written last)
+    shard-00000/ ...       rank r's shard: an ordinary evdb database (or, in a sharded
+                           checkpoint, an ordinary evdb checkpoint)
+
+Each rank opens its own shard directory (its lock, its flush and crash contract, unchanged);
+a directory every rank can reach (a shared file system across machines) holds them all.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch.distributed as dist
+
+from evdb import database as _database
+from evdb.database import Database
+from evdb.distributed.exchange import Exchange
+from evdb.distributed.layout import FORMAT, LAYOUT, read_layout, shard_dir, write_json
+from evdb.distributed.placement import Placement, parse_placement
+from evdb.distributed.table import ShardedTable
+from evdb.errors import (
+    ConfigError,
+    CorruptDataError,
+    DatabaseClosedError,
+    EvdbError,
+    InvalidArgumentError,
+    ShardLayoutError,
+    TableNotFoundError,
+)
+
+__all__ = ["ShardedDatabase", "open"]
+
+
+def _check_world(root: Path, layout: dict[str, Any], world: int) -> None:
+    if layout["world_size"] != world:
+        raise ShardLayoutError(
+            f"{root} holds {layout['world_size']} shards and this job has {world} ranks; "
+            f"reshard it first: evdb reshard {root} DEST --shards {world}"
+        )
+
+
+def _plan_open(root: Path, world: int) -> dict[str, Any]:
+    """Rank 0's look at root before anyone opens a shard: the layout to use, and what each
+    rank must find (a new root, a sharded database, or a sharded checkpoint)."""
+    layout = read_layout(root)
+    if layout is None:
+        stray = sorted(p.name for p in root.glob("shard-*")) if root.is_dir() else []
+        if stray:
+            raise CorruptDataError(
+                f"{root}: has {', '.join(stray[:3])} but no {LAYOUT}: an incomplete sharded "
+                "checkpoint (its manifest is written last) or not a sharded database"
+            )
+        return {"format": FORMAT, "world_size": world, "tables": {}}
+    _check_world(root, layout, world)
+    checkpoint = layout.get("checkpoint")
+    if checkpoint is not None:
+        for name in checkpoint["shards"]:
+            manifest = root / name / "MANIFEST.json"
+            if not manifest.is_file():
+                raise CorruptDataError(
+                    f"{root / name}: missing, or without its MANIFEST.json (listed in "
+                    f"{root / LAYOUT})"
+                )
+    return layout
+
+
+class ShardedDatabase:
+    """This rank's handle on a sharded database; open it with :func:`evdb.distributed.open`.
+
+    It has ``Database``'s methods; ``create_table``, ``drop_table``, ``advance``, ``flush``,
+    ``checkpoint`` and ``close`` are collective (every rank calls them, in the same order).
+    """
+
+    def __init__(self, root: Path, group: Any, exchange: Exchange) -> None:
+        self.root = root
+        self.group = group
+        self._x = exchange
+        self.rank, self.world_size = exchange.rank, exchange.size
+        self._closed = False
+        self._tables: dict[str, ShardedTable] = {}
+        plan: Any = None
+        if self.rank == 0:
+            try:
+                plan = _plan_open(root, self.world_size)
+            except EvdbError as e:
+                plan = e
+        plan = self._x.gather_objects(plan, "open")[0]
+        if isinstance(plan, BaseException):
+            raise type(plan)(*plan.args)
+        self._layout: dict[str, Any] = plan
+        checkpoint = plan.pop("checkpoint", None)
+        path = shard_dir(root, self.rank)
+        if checkpoint is not None:  # each rank checks its own shard's manifest first
+            _verify_shard(root, path, checkpoint["shards"].get(path.name))
+        error: Any = None
+        try:
+            self.local: Database = _database.open(path)
+        except EvdbError as e:
+            error = e
+        views = self._x.gather_objects(
+            error if error is not None else (self.local.step, self.local.tables()), "open"
+        )
+        failed = [(r, v) for r, v in enumerate(views) if isinstance(v, BaseException)]
+        if failed:
+            if error is None:
+                self.local.close()
+            rank, why = failed[0]
+            raise CorruptDataError(f"rank {rank} could not open its shard: {why}") from error
+        steps = {v[0] for v in views}
+        tables = {tuple(v[1]) for v in views} | {tuple(sorted(plan["tables"]))}
+        if len(steps) > 1 or len(tables) > 1:
+            self.local.close()
+            raise CorruptDataError(
+                f"{root}: the shards disagree (steps {sorted(steps)}, tables {sorted(tables)}): "
+                "they come from different checkpoints"
+            )
+        for name, placement in plan["tables"].items():
+            p = Placement.from_dict(placement)
+            self._tables[name] = ShardedTable(self, self.local.table(name), p, self._x)
+        if self.rank == 0 and (checkpoint is not None or not (root / LAYOUT).exists()):
+            write_json(root / LAYOUT, self._layout)  # a checkpoint opened is a database now
+        self._x.barrier("open")
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DatabaseClosedError(f"sharded database {self.root} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+
+    def close(self) -> None:
+        """Collective. Flush and close this rank's shard. Closing twice is a no-op."""
+        if self._closed:
+            return
+        self._x.begin("close")
+        self._closed = True
+        self.local.close()
+        self._x.barrier("close")
+
+    def __enter__(self) -> ShardedDatabase:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+        elif not self._closed:  # a failed collective: the others may be gone; don't wait
+            self._closed = True
+            self.local.close()
+
+    def flush(self) -> None:
+        """Collective. Every rank flushes its shard (see ``Database.flush``)."""
+        self._check_writable()
+        self._x.begin("flush")
+        self.local.flush()
+        self._x.barrier("flush")
+
+    def checkpoint(
+        self, dest: str | os.PathLike[str], base: str | os.PathLike[str] | None = None
+    ) -> dict[str, Any]:
+        """Collective. Every rank writes its shard into ``dest/shard-<rank>`` as an ordinary
+        evdb checkpoint (incremental per shard with ``base``, an earlier sharded checkpoint);
+        then rank 0 writes ``dest/sharding.json`` last, atomically: the world size, each
+        table's placement, the step and every shard manifest's checksum. Returns it."""
+        from evdb.distributed.checkpoint import checkpoint
+
+        self._check_writable()
+        return checkpoint(self, Path(dest), None if base is None else Path(base))
+
+    # -- the global step ------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The global step (the same on every rank)."""
+        return self.local.step
+
+    def advance(self, n: int = 1) -> int:
+        """Collective. Move the global step forward by n on every rank; returns it."""
+        self._check_writable()
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            self._x.begin("advance", failed=True)
+            raise InvalidArgumentError(f"n must be an int >= 0, got {n!r}")
+        self._x.begin("advance", arg=n)
+        return self.local.advance(n)
+
+    # -- tables ---------------------------------------------------------------------------
+    def create_table(
+        self,
+        name: str,
+        dim: int,
+        *,
+        placement: str | Placement = "hash",
+        buckets: int | None = None,
+        num_ids: int | None = None,
+        **options: Any,
+    ) -> ShardedTable:
+        """Collective. Create a table on every rank, with the same configuration everywhere.
+
+        ``placement`` ("hash", "mod", "div" or a ``Placement``), ``buckets`` (hash) and
+        ``num_ids`` (div) say which rank owns a key (see ``evdb.distributed.placement``);
+        ``options`` are ``Database.create_table``'s. ``keep_strings`` is refused: original
+        strings do not travel between ranks (hash the strings, ``key_type="str"``, and keep a
+        vocabulary beside the model). Raises ``ShardLayoutError`` if the ranks disagree.
+        """
+        self._check_writable()
+        try:
+            where = parse_placement(placement, buckets, num_ids)
+            where.check(self.world_size)
+            if options.get("keep_strings"):
+                raise ConfigError("keep_strings: not supported on sharded tables")
+        except EvdbError:
+            self._x.begin("create_table", str(name), failed=True)
+            raise
+        self._x.begin("create_table", str(name))
+        mine = repr((name, dim, where.to_dict(), sorted(options.items())))
+        views = self._x.gather_objects(mine, "create_table", str(name))
+        other = next((r for r, v in enumerate(views) if v != mine), None)
+        if other is not None:
+            raise ShardLayoutError(
+                f"create_table: rank {other} asked for {views[other]} and rank {self.rank} for "
+                f"{mine}: every rank must create a table with the same configuration"
+            )
+        local = self.local.create_table(name, dim, **options)  # the same error on every rank
+        table = ShardedTable(self, local, where, self._x)
+        self._tables[name] = table
+        self._layout["tables"][name] = where.to_dict()
+        if self.rank == 0:
+            write_json(self.root / LAYOUT, self._layout)
+        return table
+
+    def table(self, name: str) -> ShardedTable:
+        """The sharded table called name; ``TableNotFoundError`` if there is none."""
+        self._check_open()
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise TableNotFoundError(
+                f"name: no table {name!r} in {self.root}; tables: {sorted(self._tables)}"
+            ) from None
+
+    def tables(self) -> list[str]:
+        self._check_open()
+        return sorted(self._tables)
+
+    def drop_table(self, name: str) -> None:
+        """Collective. Drop the table on every rank."""
+        self._check_writable()
+        self.table(name)
+        self._x.begin("drop_table", name)
+        self.local.drop_table(name)
+        del self._tables[name]
+        del self._layout["tables"][name]
+        if self.rank == 0:
+            write_json(self.root / LAYOUT, self._layout)
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedDatabase({str(self.root)!r}, rank {self.rank} of {self.world_size}, "
+            f"step={self.step}, tables={sorted(self._tables)})"
+        )
+
+
+def _verify_shard(root: Path, path: Path, want: str | None) -> None:
+    from evdb.checkpoint import MANIFEST, file_digest
+
+    if want is None:
+        raise CorruptDataError(f"{root / LAYOUT}: lists no {path.name} for this rank")
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise CorruptDataError(f"{path}: missing, or without its {MANIFEST}")
+    if file_digest(manifest) != want:
+        raise CorruptDataError(
+            f"{manifest}: not the shard manifest {root / LAYOUT} lists (replaced or damaged)"
+        )
+
+
+def open(root: str | os.PathLike[str], process_group: Any = None) -> ShardedDatabase:
+    """Collective. Open this rank's shard of the sharded database at root (creating it if
+    missing), or resume from a sharded checkpoint there (which becomes a database, as
+    ``evdb.open`` does on a checkpoint).
+
+    Parameters
+    ----------
+    root : path
+        A directory every rank can reach.
+    process_group : torch.distributed.ProcessGroup, optional
+        The ranks that share the database. By default a new gloo group over every rank of
+        the default group (``torch.distributed.init_process_group`` first): evdb's collectives
+        then never interleave with those of ``DistributedDataParallel`` on the default group,
+        and they run on CPU tensors whatever the default backend is.
+
+    Raises
+    ------
+    ShardLayoutError
+        root was written by another number of ranks (the message gives the reshard command).
+    CorruptDataError
+        A sharded checkpoint missing a shard or its manifest, or shards that disagree.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise ConfigError(
+            "process_group: torch.distributed is not initialised; call "
+            "torch.distributed.init_process_group('gloo') first (torchrun sets the rank and "
+            "world size)"
+        )
+    group = dist.new_group(backend="gloo") if process_group is None else process_group
+    exchange = Exchange(group)
+    exchange.begin("open")
+    return ShardedDatabase(Path(root), group, exchange)

@@ -1,0 +1,218 @@
+"""What each rank runs in the sharded tests (spawned by ``harness.run_ranks``), and the
+single-process reference they are compared against. Every function here is deterministic in
+its arguments, so the parent can replay the same global batches in one process."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import evdb
+from evdb import distributed as evd
+
+DIM = 4
+SPACE = 48  # ids drawn from [0, SPACE): "div" needs the id space
+STEPS = 8
+
+
+def table_options() -> dict[str, dict[str, Any]]:
+    common = {"admission": evdb.admission.Counter(min_count=2), "ttl_steps": 3}
+    return {
+        "sgd": {"optimizer": evdb.optim.SGD(lr=0.1), **common},
+        "adagrad": {"optimizer": evdb.optim.Adagrad(lr=0.1), **common},
+        "adam": {"optimizer": evdb.optim.Adam(lr=0.05), **common},
+    }
+
+
+def global_batch(step: int, n: int = 60) -> np.ndarray:
+    """The step's global batch: skewed ids (some repeat, some are seen once)."""
+    rng = np.random.default_rng(1000 + step)
+    return np.minimum(rng.zipf(1.3, n) - 1 + rng.integers(0, 6, n), SPACE - 1).astype(np.int64)
+
+
+def grads_for(keys: np.ndarray, step: int) -> np.ndarray:
+    """A gradient per position, a function of the key and the step only."""
+    cols = np.arange(DIM)
+    return (np.sin(keys[:, None] * 0.37 + step + cols) * 0.5).astype(np.float32)
+
+
+def part(keys: np.ndarray, rank: int, world: int) -> np.ndarray:
+    return np.array_split(keys, world)[rank]
+
+
+def lookup_keys() -> tuple[np.ndarray, np.ndarray]:
+    keys = np.arange(-2, SPACE + 2, dtype=np.int64) % SPACE  # every id, some twice
+    return keys, np.array([0, 3, 10, 11, 30], dtype=np.int64)
+
+
+def train_reference(root: Path, steps: int = STEPS) -> evdb.Database:
+    """One process pulling and pushing each whole global batch."""
+    db = evdb.open(root)
+    tables = {n: db.create_table(n, dim=DIM, **o) for n, o in table_options().items()}
+    for step in range(steps):
+        keys = global_batch(step)
+        for t in tables.values():
+            p = t.pull(keys)
+            t.push(p, grads_for(keys, step), per_position=True)
+        db.advance()
+    return db
+
+
+def dump_records(db: Any, out: Path) -> None:
+    """Every stored row of this rank's shard (or of a whole table), whole records."""
+    arrays = {}
+    for name in db.tables():
+        t = db.table(name)
+        local = getattr(t, "local", t)
+        keys = np.concatenate([k for k, _ in local._chain.scan(4096)] or [np.empty(0, np.int64)])
+        found, rec = local._read_records(keys)
+        keys = keys[found]
+        arrays[f"{name}.keys"] = keys
+        arrays[f"{name}.values"] = rec.values
+        arrays[f"{name}.slots"] = rec.slots
+        arrays[f"{name}.freq"] = rec.freq.astype(np.int64)
+        arrays[f"{name}.last_step"] = rec.last_step
+        adm = local._admission.to_arrays()
+        adm.setdefault("keys", np.empty(0, np.int64))  # no admission policy: nothing pending
+        adm.setdefault("counts", np.empty(0, np.int64))
+        order = np.argsort(adm["keys"])
+        arrays[f"{name}.pending_keys"] = adm["keys"][order]
+        arrays[f"{name}.pending_counts"] = adm["counts"][order]
+    np.savez(out, **arrays)
+
+
+def train(rank: int, world: int, out: Path, placement: str, checkpoint: bool) -> dict[str, Any]:
+    """Each rank pulls and pushes its part of every global batch; then the global reads."""
+    db = evd.open(out / "root")
+    kw = {"num_ids": SPACE} if placement == "div" else {}
+    tables = {
+        n: db.create_table(n, dim=DIM, placement=placement, **kw, **o)
+        for n, o in table_options().items()
+    }
+    for step in range(STEPS):
+        keys = part(global_batch(step), rank, world)
+        for t in tables.values():
+            p = t.pull(keys)
+            t.push(p, grads_for(keys, step), per_position=True)
+        db.advance()
+    keys, offsets = lookup_keys()
+    mine = part(keys, rank, world)
+    result: dict[str, Any] = {"step": db.step}
+    for name, t in tables.items():
+        found = np.zeros(mine.shape[0], dtype=bool)
+        np.save(out / f"lookup-{name}-{rank}.npy", t.lookup(mine, found=found))
+        np.save(out / f"found-{name}-{rank}.npy", found)
+        np.save(out / f"contains-{name}-{rank}.npy", t.contains(mine))
+        np.save(out / f"bags-{name}-{rank}.npy", t.lookup(keys, offsets, combiner="sqrtn"))
+        stats = t.stats()
+        result[name] = {
+            "len": len(t),
+            "rows": stats["rows"],
+            "not_admitted": stats["admission"]["not_admitted"],
+            "pending": stats["admission"]["pending"],
+            "dropped_gradients": stats["dropped_gradients"],
+            "shards": [s["rows"] for s in stats["shards"]],
+            "imbalance": stats["imbalance"],
+        }
+    dump_records(db, out / f"shard-{rank}.npz")
+    if checkpoint:
+        db.checkpoint(out / "ckpt")
+    db.close()
+    return result
+
+
+def resume(rank: int, world: int, out: Path, src: str, wrong: str) -> dict[str, Any]:
+    """Open a (resharded) checkpoint on this many ranks and dump the shards; first check that
+    a checkpoint for another world size is refused with the reshard command."""
+    try:
+        evd.open(wrong)
+    except evdb.ShardLayoutError as e:
+        refused = str(e)
+    else:
+        raise AssertionError("a checkpoint for another world size was opened")
+    db = evd.open(src)
+    dump_records(db, out / f"shard-{rank}.npz")
+    lens = {n: len(db.table(n)) for n in db.tables()}
+    db.close()
+    return {"refused": refused, "len": lens}
+
+
+def killed(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """Rank 1 dies (SIGKILL) after one step; rank 0 must raise, not hang."""
+    db = evd.open(out / "root")
+    t = db.create_table("t", dim=DIM)
+    t.push(t.pull(np.arange(5) + rank), np.ones((5, DIM), np.float32))
+    db.advance()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        t.pull(np.arange(3))
+    except evdb.CollectiveError as e:
+        return {"error": str(e)}
+    raise AssertionError("the pull went through with a dead rank")
+
+
+def misuse(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """Mismatched calls and one rank's bad input raise on every rank at once."""
+    db = evd.open(out / "root")
+    t = db.create_table("t", dim=DIM)
+    seen = {}
+    try:  # rank 0 looks up while rank 1 asks contains
+        if rank == 0:
+            t.lookup([1, 2])
+        else:
+            t.contains([1, 2])
+    except evdb.CollectiveError as e:
+        seen["mismatch"] = str(e)
+    try:  # rank 1's keys are bad; rank 0's are fine
+        t.pull(np.array([1.5]) if rank == 1 else np.array([1, 2]))
+    except evdb.CollectiveError as e:
+        seen["other_refused"] = str(e)
+    except evdb.InvalidTypeError as e:
+        seen["own_error"] = str(e)
+    seen["len_after"] = len(t)  # the collectives still pair up after both failures
+    try:
+        db.create_table("u", dim=DIM + rank)
+    except evdb.ShardLayoutError as e:
+        seen["config"] = str(e)
+    db.close()
+    return seen
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, table: Any) -> None:
+        super().__init__()
+        from evdb.torch import EmbeddingBag
+
+        self.bag = EmbeddingBag(table, mode="sum")
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.bag(ids, offsets).sum()
+        return out
+
+
+def torch_steps(table: Any, db: Any, rank: int, world: int) -> None:
+    """The torch binding over a (sharded) table: 8 bags of 5 ids a step, the bags split over
+    the ranks, and a sum loss, so the rows' gradients add up across ranks."""
+    model = _Model(table)
+    for step in range(4):
+        bags = global_batch(100 + step, 40).reshape(8, 5)
+        mine = part(np.arange(8), rank, world)
+        ids = torch.from_numpy(bags[mine].ravel())
+        offsets = torch.arange(mine.shape[0], dtype=torch.int64) * 5
+        model(ids, offsets).backward()
+        db.advance()
+
+
+def torch_binding(rank: int, world: int, out: Path) -> dict[str, Any]:
+    db = evd.open(out / "root")
+    t = db.create_table("t", dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.1))
+    torch_steps(t, db, rank, world)
+    dump_records(db, out / f"shard-{rank}.npz")
+    db.close()
+    return {}
