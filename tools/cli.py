@@ -10,6 +10,7 @@ Usage (``evdb`` is also ``python -m evdb``)::
     evdb import SRC PATH --table T --format F [--freeze] [--json]
     evdb checkpoint PATH DEST [--base PREV] [--json]
     evdb verify PATH [--json]
+    evdb reshard SRC DEST --shards M [--json]
     evdb serve PATH [--host H] [--port P] [--workers N] [--token-file F]
                     [--allow-root DIR]... [--max-keys K] [--cache-rows R]
                     [--no-dashboard] [--max-scan-rows N]
@@ -219,6 +220,9 @@ def cmd_info(path: Path, as_json: bool) -> None:
     PATH may be a database or a checkpoint; it is opened read-only (the state of its last
     flush) and nothing changes.
     """
+    if _is_sharded(path):
+        _sharded_info(path, as_json)
+        return
     result = offline.info(path)
     if as_json:
         _print_json(result)
@@ -317,6 +321,66 @@ def cmd_compact(
     click.echo(f"at step {result['step']:,}" + ("; dry run: nothing changed" if dry_run else ""))
 
 
+def _is_sharded(path: Path) -> bool:
+    return (path / "sharding.json").is_file()
+
+
+def _sharded_info(path: Path, as_json: bool) -> None:
+    from evdb import distributed
+
+    result = distributed.info(path)
+    if as_json:
+        _print_json(result)
+        return
+    ckpt = result["checkpoint"]
+    kind = "sharded database" if ckpt is None else f"sharded {ckpt['kind']} checkpoint"
+    _print_pairs(
+        [
+            ("path", result["path"]),
+            ("kind", kind),
+            ("shards", result["world_size"]),
+            ("step", result["step"]),
+            ("tables", len(result["tables"])),
+        ]
+    )
+    if result["tables"]:
+        click.echo()
+        rows = [
+            [n, t["placement"]["kind"], t["rows"], " ".join(map(str, t["shards"])), t["imbalance"]]
+            for n, t in result["tables"].items()
+        ]
+        _print_table(["table", "placement", "rows", "rows per shard", "imbalance"], rows)
+
+
+@cli.command("reshard", epilog=EXIT_CODES, short_help="Reshard a sharded checkpoint.")
+@click.argument("src", type=_PathArg)
+@click.argument("dest", type=_PathArg)
+@click.option(
+    "--shards", required=True, type=click.IntRange(1), help="Ranks the new checkpoint is for."
+)
+@json_option
+def cmd_reshard(src: Path, dest: Path, shards: int, as_json: bool) -> None:
+    """Write a sharded checkpoint for SHARDS ranks at DEST from the sharded checkpoint (or
+    closed sharded database) SRC, offline: every new shard gets exactly the rows, slots,
+    counters and pending admission counts its tables' placements send it. SRC is not
+    changed."""
+    from evdb import distributed
+
+    _require_path(src, "src", "evdb sharded checkpoint", "sharding.json")
+    with _progress("reshard") as progress:
+        layout = distributed.reshard(src, dest, shards, progress=progress)
+    result = {
+        "dest": str(dest),
+        "shards": layout["world_size"],
+        "step": layout["step"],
+        "tables": sorted(layout["tables"]),
+    }
+    if as_json:
+        _print_json(result)
+        return
+    _print_pairs([(k, result[k]) for k in ("dest", "shards", "step", "tables")])
+
+
 @cli.command("export", epilog=EXIT_CODES, short_help="Export tables' live rows to files.")
 @click.argument("path", type=_PathArg)
 @click.argument("dest", type=_PathArg)
@@ -358,7 +422,8 @@ def cmd_export(
     PATH is read as of its last flush (read-only, no lock). DEST gets a MANIFEST.json with
     the checksum of every file (evdb verify DEST checks them).
     """
-    _require_path(path)
+    if not _is_sharded(path):  # a sharded one exports merged
+        _require_path(path)
     with _progress("export") as progress:
         manifest = export(
             path,
@@ -603,10 +668,9 @@ def cmd_serve(
         ) from None
     if not follow and (poll_interval != 1.0 or max_staleness is not None):
         raise click.UsageError("--poll-interval and --max-staleness need --follow")
-    if follow:
-        _require_path(path, "path", "publish root")
+    if follow:  # a root may have no HEAD yet: the workers wait for the first publication
         if not path.is_dir():
-            raise click.BadParameter(f"{path} is not a directory", param_hint="PATH")
+            raise FileNotFoundError(f"path: {path} is not a directory: not a publish root")
     else:
         _require_path(path, "path", "evdb database or serving export")
         # Fail here, once, rather than in each worker; the workers then skip the checksum pass.

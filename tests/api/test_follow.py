@@ -1,0 +1,371 @@
+"""``evdb serve ROOT --follow``: a server follows the trainer's publications (``api.follow``).
+
+Loopback only; every wait is bounded in count and in time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import evdb
+from evdb import publish as _publish
+
+pytest.importorskip("fastapi")
+
+from fastapi.testclient import TestClient
+
+from evdb.api import Settings, create_app
+from evdb.api.follow import Follower, FollowSnapshot
+from evdb.api.snapshots import VERSION_HEADER, SnapshotHolder
+
+from .test_serve import free_port
+
+
+def served(holder: SnapshotHolder, name: str, keys: np.ndarray, **bags):
+    """(values, found, seq) of the view a holder serves."""
+    snap = holder.acquire()
+    assert isinstance(snap, FollowSnapshot)
+    try:
+        found = np.empty(len(keys), dtype=bool)
+        values = snap.lookup(name, snap.tables[name], keys, found=found, **bags)
+        return values, found, snap.seq
+    finally:
+        holder.release(snap)
+
+
+def follower(root: Path) -> tuple[Follower, SnapshotHolder]:
+    holder = SnapshotHolder()
+    return Follower(root, holder), holder
+
+
+def wait_for(predicate, seconds: float, step: float = 0.05) -> float:
+    """Poll predicate until it holds, at most ``seconds`` (then fail); the seconds taken."""
+    start = time.monotonic()
+    for _ in range(int(seconds / step) + 1):
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(step)
+    pytest.fail(f"not within {seconds} s")
+
+
+def test_an_upsert_is_answered_within_3_seconds(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=4)
+        t.upsert(np.arange(100), np.zeros((100, 4), np.float32))
+        db.publish(root)
+        settings = Settings(follow_root=root, poll_interval_s=0.5)
+        with TestClient(create_app(settings)) as client:
+
+            def lookup() -> httpx.Response:
+                return client.post("/v1/tables/item/lookup", json={"keys": [7]})
+
+            assert lookup().headers[VERSION_HEADER] == "1"
+            start = time.monotonic()
+            t.upsert([7], [[1.0, 2.0, 3.0, 4.0]])
+            assert db.publish(root)["seq"] == 2
+
+            def fresh() -> bool:
+                r = lookup()
+                return r.json()["embeddings"] == [[1.0, 2.0, 3.0, 4.0]]
+
+            wait_for(fresh, 3.0 - (time.monotonic() - start))
+            assert lookup().headers[VERSION_HEADER] == "2"
+            infer = client.post(
+                "/v2/models/item/infer",
+                json={"inputs": [{"name": "keys", "datatype": "INT64", "shape": [1], "data": [7]}]},
+            )
+            assert infer.headers[VERSION_HEADER] == "2" and infer.json()["model_version"] == "2"
+            metrics = client.get("/metrics").text
+            assert "evdb_applied_seq 2.0" in metrics and "evdb_head_seq 2.0" in metrics
+            assert "evdb_delta_apply_seconds_count" in metrics
+            assert client.get("/readyz").status_code == 200
+
+
+def _train(db: evdb.Database, root: Path, rng: np.random.Generator, rounds: int) -> list[int]:
+    """Training with every kind of change, publishing after each round; returns the seqs."""
+    seqs = []
+    tables = [db.table(n) for n in db.tables()]
+    for r in range(rounds):
+        for t in tables:
+            keys = rng.integers(0, 400, size=64)
+            p = t.pull(keys)
+            t.push(p, rng.normal(size=(len(p.keys), t.dim)).astype(np.float32))
+            t.upsert(rng.integers(0, 400, size=8), rng.normal(size=(8, t.dim)).astype(np.float32))
+            t.delete(rng.integers(0, 400, size=4))
+            if r % 3 == 2:
+                t.compact()
+        db.advance(1)
+        seqs.append(db.publish(root, full=r == 5)["seq"])
+    return seqs
+
+
+def _make_tables(db: evdb.Database) -> None:
+    init = evdb.init.Normal(std=0.1, seed=5)
+    db.create_table("ttl", dim=3, ttl_steps=3, l2_threshold=0.05, dram_rows=64, initializer=init)
+    db.create_table("mem", dim=2, dram_rows=200, disk=False, default_value=0.5)
+    db.create_table("big", dim=4, dram_rows=32, initializer=init)
+
+
+def _assert_equal_to_trainer(db: evdb.Database, holder: SnapshotHolder) -> None:
+    keys = np.arange(-5, 420, dtype=np.int64)
+    for name in db.tables():
+        t = db.table(name)
+        values, found, _ = served(holder, name, keys)
+        np.testing.assert_array_equal(values, t.lookup(keys))  # bit for bit
+        np.testing.assert_array_equal(found, t.contains(keys))
+        offsets = np.array([0, 3, 3, 100], dtype=np.int64)
+        weights = np.linspace(0.5, 2, keys.shape[0]).astype(np.float32)
+        bags, _, _ = served(holder, name, keys, offsets=offsets, weights=weights, combiner="sqrtn")
+        np.testing.assert_array_equal(bags, t.lookup(keys, offsets, weights, "sqrtn"))
+
+
+def test_followed_and_restarted_servers_equal_the_trainer_bit_for_bit(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    rng = np.random.default_rng(1)
+    with evdb.open(tmp_path / "db") as db:
+        _make_tables(db)
+        db.publish(root)
+        live, live_holder = follower(root)
+        assert live.poll()
+        for _ in range(3):  # the follower keeps up, a few publications at a time
+            seqs = _train(db, root, rng, 4)
+            assert live.poll() and live.state.applied_seq == seqs[-1]
+            _assert_equal_to_trainer(db, live_holder)
+        assert live.state.overlay_rows > 0
+        # a server started now (or restarted: killed, nothing kept) loads the newest full and
+        # replays the deltas after it
+        fresh, fresh_holder = follower(root)
+        assert fresh.poll() and fresh.state.applied_seq == seqs[-1]
+        _assert_equal_to_trainer(db, fresh_holder)
+        # TTL follows the trainer's step: advancing alone expires rows on both sides
+        db.advance(5)
+        db.publish(root)
+        assert live.poll()
+        assert not served(live_holder, "ttl", np.arange(400))[1].any()
+        _assert_equal_to_trainer(db, live_holder)
+        live.close()
+        fresh.close()
+        live_holder.close()
+        fresh_holder.close()
+
+
+def test_deletes_compaction_and_ttl_reach_the_server(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=2, ttl_steps=2, l2_threshold=0.5, dram_rows=8)
+        t.upsert(np.arange(20), np.ones((20, 2), np.float32))
+        db.publish(root)
+        f, holder = follower(root)
+        f.poll()
+        assert served(holder, "item", np.arange(20))[1].all()
+        t.delete([0, 1])
+        db.publish(root)
+        f.poll()
+        assert served(holder, "item", np.arange(4))[1].tolist() == [False, False, True, True]
+        t.upsert([2], [[0.1, 0.1]])  # under the L2 threshold: compaction prunes it
+        db.advance(1)
+        t.upsert([3], [[1.0, 1.0]])
+        assert t.compact()["l2"] == 1
+        db.publish(root)
+        f.poll()
+        assert served(holder, "item", np.arange(4))[1].tolist() == [False, False, False, True]
+        db.advance(2)  # the rows of step 0 expire; key 3 (step 1) stays
+        db.publish(root)
+        f.poll()
+        found = served(holder, "item", np.arange(20))[1]
+        assert (
+            found.tolist()
+            == t.contains(np.arange(20)).tolist()
+            == [False] * 3 + [True] + [False] * 16
+        )
+        f.close()
+        holder.close()
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fault", ["manifest", "checksum", "gap"])
+def test_a_bad_publication_is_refused_while_serving_continues(tmp_path: Path, fault) -> None:
+    root = tmp_path / "pub"
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=2)
+        t.upsert([1], [[1.0, 1.0]])
+        db.publish(root)
+        f, holder = follower(root)
+        assert f.poll()
+        t.upsert([1], [[2.0, 2.0]])
+        db.publish(root)  # seq 2: damaged below
+        t.upsert([1], [[3.0, 3.0]])
+        db.publish(root)  # seq 3: good, but after a bad one
+        bad = _publish.publication_dir(root, 2)
+        if fault == "manifest":  # as if the rename came before the manifest was written
+            (bad / "MANIFEST.json").unlink()
+        elif fault == "checksum":
+            _flip_byte(bad / "item.npz")
+        else:
+            shutil.rmtree(bad)
+        for attempt in (1, 2):  # refused, counted, retried on the next poll
+            assert not f.poll()
+            assert f.state.failures == {fault: attempt}
+            values, found, seq = served(holder, "item", np.array([1]))
+            assert seq == 1 and values.tolist() == [[1.0, 1.0]] and found.all()
+        assert f.state.head_seq == 3 and f.state.applied_seq == 1
+        t.upsert([1], [[4.0, 4.0]])
+        assert db.publish(root, full=True)["seq"] == 4  # a new full: the follower moves on
+        assert f.poll()
+        values, _, seq = served(holder, "item", np.array([1]))
+        assert seq == 4 and values.tolist() == [[4.0, 4.0]]
+        f.close()
+        holder.close()
+
+
+def test_a_paused_follower_catches_up_on_50_deltas_in_one_swap(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=2)
+        t.upsert(np.arange(1000), np.zeros((1000, 2), np.float32))
+        db.publish(root)
+        f, holder = follower(root)
+        assert f.poll() and f.state.swaps == 1
+        for i in range(50):
+            t.upsert(np.arange(i * 10, i * 10 + 20), np.full((20, 2), i, np.float32))
+            assert db.publish(root)["kind"] == "delta"
+        assert f.poll()
+        assert f.state.swaps <= 1 + 2 and f.state.applied_seq == 51
+        values, _, _ = served(holder, "item", np.arange(1000))
+        np.testing.assert_array_equal(values, t.lookup(np.arange(1000)))
+        f.close()
+        holder.close()
+
+
+def test_readyz_on_staleness_only_when_asked(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    root.mkdir()
+    settings = Settings(follow_root=root, poll_interval_s=0.2, max_staleness_s=30.0)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/readyz").status_code == 503  # nothing published yet
+        with evdb.open(tmp_path / "db") as db:
+            db.create_table("item", dim=2)
+            db.publish(root)
+        wait_for(lambda: client.get("/readyz").status_code == 200, 10)
+        follower_ = client.app.state.follower
+        follower_.state.published -= 60  # as if the trainer had stopped a minute ago
+        r = client.get("/readyz")
+        assert r.status_code == 503 and r.json() == {"status": "stale"}
+    settings = Settings(follow_root=root, poll_interval_s=0.2)
+    with TestClient(create_app(settings)) as client:
+        client.app.state.follower.state.published -= 3600
+        assert client.get("/readyz").status_code == 200
+
+
+def test_cli_follow_options(tmp_path: Path) -> None:
+    from evdb.tools.cli import cli
+
+    r = CliRunner().invoke(cli, ["serve", str(tmp_path), "--poll-interval", "2"])
+    assert r.exit_code == 2 and "need --follow" in r.output
+    r = CliRunner().invoke(cli, ["serve", str(tmp_path), "--follow", "--poll-interval", "0"])
+    assert r.exit_code == 2 and "poll-interval" in r.output
+
+
+# -- a real server, two workers ---------------------------------------------------------------
+
+N_ROWS = 10_000
+
+
+@pytest.fixture
+def following_server(tmp_path: Path):
+    root = tmp_path / "pub"
+    db = evdb.open(tmp_path / "db")
+    t = db.create_table("item", dim=4, dram_rows=2 * N_ROWS)
+    t.upsert(np.arange(N_ROWS), np.zeros((N_ROWS, 4), np.float32))  # epoch 0 at seq 1
+    db.publish(root)
+    port = free_port()
+    cmd = [sys.executable, "-m", "evdb", "serve", str(root), "--follow", "--port", str(port)]
+    cmd += ["--workers", "2", "--poll-interval", "0.2", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"evdb serve did not start: {proc.communicate()[0][-2000:]}")
+        time.sleep(0.2)
+    yield url, db, t, root
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    db.close()
+    assert proc.returncode == 0, out[-2000:]
+
+
+def test_no_answer_mixes_two_deltas_and_versions_never_go_back(following_server) -> None:
+    url, db, t, root = following_server
+    epochs = {1: 0.0}  # seq -> the value every row holds at that seq
+    keys = np.arange(0, N_ROWS, 50, dtype=np.int64)  # 200 keys across the table
+    results: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(4)]
+    stop = threading.Event()
+
+    def client(i: int) -> None:
+        # one keep-alive connection, so one worker: its versions must never go back
+        with httpx.Client(base_url=url, timeout=10) as c:
+            for _ in range(600):
+                if stop.is_set() and len(results[i]) >= 250:
+                    break
+                r = c.post(
+                    "/v1/tables/item/lookup",
+                    content=keys.tobytes(),
+                    headers={
+                        "content-type": "application/octet-stream",
+                        "accept": "application/octet-stream",
+                    },
+                )
+                assert r.status_code == 200
+                rows = np.frombuffer(r.content, np.float32).reshape(-1, 4)
+                results[i].append((int(r.headers[VERSION_HEADER]), rows))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for epoch in range(1, 6):  # five 10,000-row deltas, each a distinct epoch in every row
+        t.upsert(np.arange(N_ROWS), np.full((N_ROWS, 4), epoch, np.float32))
+        result = db.publish(root)
+        assert result["kind"] == "delta" and result["rows"] == N_ROWS
+        epochs[result["seq"]] = float(epoch)
+        time.sleep(0.3)
+    stop.set()
+    for th in threads:
+        th.join(timeout=120)
+    answers = [a for per_client in results for a in per_client]
+    assert len(answers) >= 1000
+    for per_client in results:
+        seqs = [seq for seq, _ in per_client]
+        assert seqs == sorted(seqs), "a worker's version went back"
+    for seq, rows in answers:
+        assert np.unique(rows).tolist() == [epochs[seq]], f"seq {seq} mixes epochs"
+    seen = {seq for seq, _ in answers}
+    print("answers", len(answers), "seqs seen", sorted(seen))
+    assert len(seen) >= 3  # the deltas were applied while answering
