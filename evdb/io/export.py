@@ -81,7 +81,8 @@ def export(
     Parameters
     ----------
     db_or_path : Database, or the path of one
-        A path is opened read-only (no lock: its last flush) and closed again.
+        A path is opened read-only (no lock: its last flush) and closed again. The path of a
+        sharded checkpoint or database (``evdb.distributed``) exports the shards merged.
     dest : path
         The directory to create; it must not exist.
     tables : list of str, optional
@@ -129,6 +130,19 @@ def export(
     ([7, 9], [[1.0, 2.0], [3.0, 4.0]])
     """
     _check_arguments(format, dtype, include_slots, chunk_rows, progress)
+    if isinstance(db_or_path, str | os.PathLike) and (Path(db_or_path) / "sharding.json").is_file():
+        from evdb.distributed import export as export_sharded  # it builds on this function
+
+        return export_sharded(
+            db_or_path,
+            dest,
+            tables=tables,
+            format=format,
+            dtype=dtype,
+            include_slots=include_slots,
+            chunk_rows=chunk_rows,
+            progress=progress,
+        )
     dest = Path(dest)
     if dest.exists() or dest.is_symlink():
         raise InvalidArgumentError(f"dest: {dest} already exists")

@@ -234,3 +234,24 @@ def test_the_torch_binding_trains_sharded_tables_like_one_table(tmp_path: Path) 
         merged([tmp_path / "run" / f"shard-{r}.npz" for r in range(2)]),
         merged([tmp_path / "one.npz"]),
     )
+
+
+def test_the_command_line_reshards_exports_and_shows_shards(three_ranks, reference, tmp_path):
+    from tests.test_cli import evdb_cli, ok_json
+
+    out, _ = three_ranks
+    info = ok_json("info", out / "ckpt")
+    assert info["world_size"] == 3 and info["checkpoint"]["kind"] == "full"
+    text = evdb_cli("info", out / "ckpt").stdout
+    assert "sharded full checkpoint" in text and "imbalance" in text
+    done = ok_json("reshard", out / "ckpt", tmp_path / "two", "--shards", "2")
+    assert done["shards"] == 2 and done["step"] == workers.STEPS
+    assert evd.info(tmp_path / "two")["tables"]["adam"]["rows"] == reference["adam"]["len"]
+    ok_json("export", tmp_path / "two", tmp_path / "npz", "--format", "npz", "--table", "adam")
+    with np.load(tmp_path / "npz" / "adam.npz") as z:
+        keys = np.sort(z["keys"])
+    live = reference["records"]["adam"]["keys"]
+    live = live[reference["records"]["adam"]["last_step"] >= workers.STEPS - 3]  # ttl_steps 3
+    np.testing.assert_array_equal(keys, live)
+    bad = evdb_cli("reshard", out / "missing", tmp_path / "x", "--shards", "2")
+    assert bad.returncode == 4 and "not an evdb sharded checkpoint" in bad.stderr
