@@ -131,7 +131,9 @@ function timeOpts(series, yRange) {
   return {
     series: [{}, ...series.map((s, i) => ({ label: s, stroke: COLORS[i], width: 1.5,
                                              spanGaps: false, points: { show: true, size: 4 } }))],
-    scales: { x: { time: true }, y: yRange ? { range: yRange } : { auto: true } },
+    // at least a minute wide: one sample alone would otherwise span years
+    scales: { x: { time: true, range: (u, min, max) => [Math.min(min, max - 60), max] },
+              y: yRange ? { range: yRange } : { auto: true } },
     axes: [{}, { size: 56 }],
     legend: { live: false },
   };
@@ -291,6 +293,12 @@ function hoverProjection(ev) {
   tip.hidden = false;
 }
 
+// The integers of a JSON array field as exact decimal strings (the server writes compact JSON).
+function int64Field(text, field) {
+  const m = text.match(new RegExp(`"${field}":\\[([-0-9,]*)\\]`));
+  return m && m[1] ? m[1].split(",") : [];
+}
+
 async function findNeighbours(ev) {
   ev.preventDefault();
   const raw = document.getElementById("nn-key").value.trim();
@@ -298,25 +306,29 @@ async function findNeighbours(ev) {
   const table = state.summary.tables.find((t) => t.name === state.table);
   const err = document.getElementById("nn-error");
   err.hidden = true;
-  let key = raw;
+  // int64 keys travel as JSON text, never through a JS number (exact only up to 2^53)
+  let key = JSON.stringify(raw);
   if (table.key_type === "int64") {
-    if (!/^-?\d+$/.test(raw)) { err.textContent = "key: an integer"; err.hidden = false; return; }
-    key = Number(raw);
-    if (!Number.isSafeInteger(key)) {
-      err.textContent = "key: beyond the integers a browser holds exactly (2^53)";
+    if (!/^-?\d{1,19}$/.test(raw)) {
+      err.textContent = "key: an integer";
       err.hidden = false;
       return;
     }
+    key = raw;
   }
   const list = document.getElementById("nn-list");
   try {
-    const r = await getJSON(`/v1/tables/${encodeURIComponent(state.table)}/neighbors`, {
+    const r = await fetch(`/v1/tables/${encodeURIComponent(state.table)}/neighbors`, {
       method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify({ key, k: 10, metric }),
+      body: `{"key": ${key}, "k": 10, "metric": ${JSON.stringify(metric)}}`,
     });
-    const names = r.strings ? r.strings.map((s, i) => s ?? String(r.keys[i])) : r.keys.map(String);
-    list.replaceChildren(...names.map((n, i) => el("li", { "data-key": String(r.keys[i]) },
-      n, el("span", { text: r.scores[i].toFixed(4) }))));
+    const text = await r.text();
+    const body = JSON.parse(text);
+    if (!r.ok) throw new Error(body.detail || `HTTP ${r.status}`);
+    const keys = int64Field(text, "keys");
+    const names = body.strings ? body.strings.map((s, i) => s ?? keys[i]) : keys;
+    list.replaceChildren(...names.map((n, i) => el("li", { "data-key": keys[i] },
+      n, el("span", { text: body.scores[i].toFixed(4) }))));
     list.dataset.query = raw;
     state.highlight = new Set([...names, raw]);
     paintProjection();
