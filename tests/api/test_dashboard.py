@@ -1,0 +1,213 @@
+"""The dashboard's JSON, the neighbours route and the offline docs, through the app (no
+browser: tests/api/test_dashboard_browser.py drives the page itself)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+import evdb
+
+pytest.importorskip("fastapi")
+
+from fastapi.testclient import TestClient
+
+from evdb.api import Settings, create_app
+from evdb.api.dashboard import PAGE_FILES, STATIC, rank_frequency
+from evdb.api.routers.neighbors import MAX_K
+from evdb.api.sampler import quantile
+
+from .dashboard_data import AGES_TTL, ZIPF_SLOPE, build_database, serving, words
+
+JS_BUDGET = 150_000  # bytes of JavaScript the dashboard page loads, at most
+
+
+@pytest.fixture(scope="module")
+def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_database(tmp_path_factory.mktemp("dashboard-json") / "db")
+
+
+@pytest.fixture(scope="module")
+def reference(database: Path) -> Iterator[evdb.Database]:
+    with evdb.open(database, read_only=True) as db:
+        yield db
+
+
+def client_for(database: Path, **options: Any) -> TestClient:
+    return TestClient(create_app(Settings(path=database, **options)))
+
+
+@pytest.fixture(scope="module")
+def client(database: Path) -> Iterator[TestClient]:
+    with client_for(database, sample_interval_s=60) as c:
+        yield c
+
+
+def test_summary_is_stats(client: TestClient, reference: evdb.Database) -> None:
+    body = client.get("/v1/dashboard/summary").json()
+    assert body["server"]["step"] == reference.step and body["server"]["workers"] == 1
+    by_name = {t["name"]: t for t in body["tables"]}
+    assert sorted(by_name) == sorted(reference.tables())
+    for name in reference.tables():
+        want = reference.table(name).stats()
+        got = by_name[name]
+        assert (got["rows"], got["dim"]) == (want["rows"], want["dim"])
+        for key in ("name", "dim", "rows", "step", "version", "admission"):
+            assert got["stats"][key] == want[key]
+        assert [t["name"] for t in got["tiers"]] == list(want["tiers"])
+
+
+def test_the_series_counts_lookups(client: TestClient) -> None:
+    def last() -> float:
+        series = client.get("/v1/dashboard/series").json()
+        return float(series["tables"]["zipf"]["lookups"][-1])
+
+    before = last()
+    for i in range(5):
+        assert client.post("/v1/tables/zipf/lookup", json={"keys": [i, 16]}).status_code == 200
+    assert last() == before + 5
+    client.get("/v1/dashboard/summary")  # not a lookup: not counted
+    assert last() == before + 5
+
+
+def test_distributions_show_the_zipf_slope_and_two_ages(client: TestClient) -> None:
+    z = client.get("/v1/dashboard/tables/zipf/distributions").json()
+    assert abs(z["frequency"]["slope"] - ZIPF_SLOPE) <= 0.15
+    assert z["sample_rows"] == z["rows"] == 3000 and z["counted"]
+    ages = client.get("/v1/dashboard/tables/ages/distributions").json()["age"]
+    assert ages["ttl_steps"] == AGES_TTL and ages["edges"][-1] == AGES_TTL
+    assert ages["counts"][0] == ages["counts"][-1] == 500 and sum(ages["counts"]) == 1000
+
+
+def test_rank_frequency_fits_the_power_law_and_tolerates_no_counts() -> None:
+    ranks = np.arange(1, 5001)
+    freq = np.round(1e6 * ranks**-0.8)
+    assert rank_frequency(freq)["slope"] == pytest.approx(-0.8, abs=0.02)
+    assert rank_frequency(np.zeros(10))["slope"] is None
+    assert rank_frequency(np.ones(10))["slope"] is None  # flat: no slope to fit
+
+
+def test_the_projection_is_labelled_by_string(client: TestClient) -> None:
+    p = client.get("/v1/dashboard/tables/words/projection").json()
+    tokens = words()[0]
+    assert len(p["x"]) == len(p["y"]) == len(p["labels"]) == len(tokens)
+    assert sorted(p["labels"]) == sorted(tokens)
+    assert 0 < p["explained"][1] <= p["explained"][0] < 1
+
+
+def test_a_missing_table_is_404(client: TestClient) -> None:
+    r = client.get("/v1/dashboard/tables/nope/distributions")
+    assert r.status_code == 404 and "nope" in r.json()["detail"]
+
+
+def test_neighbors_route_equals_table_neighbors(
+    client: TestClient, reference: evdb.Database
+) -> None:
+    z = reference.table("zipf")
+    for body, query in (({"key": 16}, 16), ({"vector": [0.5] * 8, "metric": "l2"}, [0.5] * 8)):
+        r = client.post("/v1/tables/zipf/neighbors", json={**body, "k": 7})
+        assert r.status_code == 200, r.text
+        keys, scores = z.neighbors(query, 7, body.get("metric", "cosine"))
+        assert r.json()["keys"] == keys.tolist()
+        np.testing.assert_allclose(r.json()["scores"], scores, rtol=1e-6)
+    word = words()[0][3]
+    r = client.post("/v1/tables/words/neighbors", json={"key": word, "k": 3}).json()
+    keys, _ = reference.table("words").neighbors(word, 3)
+    assert r["keys"] == keys.tolist()
+    assert r["strings"] == reference.table("words").strings(keys)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "match"),
+    [
+        ({"key": 1, "k": MAX_K + 1}, 422, f"k: at most {MAX_K}"),
+        ({"key": 1, "vector": [1.0] * 8}, 422, "exactly one of key and vector"),
+        ({"k": 3}, 422, "exactly one of key and vector"),
+        ({"vector": [1.0, 2.0]}, 422, r"query: a vector must have shape \(8,\)"),
+        ({"key": 1, "metric": "manhattan"}, 422, "metric"),
+        ({"key": "word"}, 422, "this table takes integer keys"),
+        ({"key": 1, "k": 0}, 422, "k"),
+    ],
+)
+def test_neighbors_route_refusals(client: TestClient, body: dict, status: int, match: str) -> None:
+    r = client.post("/v1/tables/zipf/neighbors", json=body)
+    assert r.status_code == status and re.search(match, r.json()["detail"]), r.text
+
+
+def test_neighbors_refuses_tables_above_max_scan_rows(database: Path) -> None:
+    with client_for(database, max_scan_rows=2999) as c:
+        r = c.post("/v1/tables/zipf/neighbors", json={"key": 16})
+        assert r.status_code == 422
+        assert "3,000 rows, more than --max-scan-rows 2,999" in r.json()["detail"]
+        assert c.post("/v1/tables/ages/neighbors", json={"key": 1}).status_code == 200
+
+
+def test_without_the_dashboard_its_routes_are_gone_but_docs_stay(database: Path) -> None:
+    with client_for(database, dashboard=False) as c:
+        for path in ("/dashboard", "/v1/dashboard/summary", "/dashboard/static/dashboard.js"):
+            assert c.get(path).status_code == 404, path
+        assert c.get("/docs").status_code == 200
+        assert "/v1/dashboard/summary" not in c.get("/openapi.json").json()["paths"]
+
+
+def _no_origin(text: str) -> list[str]:
+    """URLs in ``text`` outside licence banners (``/*! ... */``)."""
+    text = re.sub(r"/\*!.*?\*/", "", text, flags=re.S)
+    return re.findall(r"(?:https?:)?//[\w.-]+\.[a-z]{2,}", text)
+
+
+def test_the_page_and_its_assets_stay_on_this_origin_within_the_js_budget(
+    client: TestClient,
+) -> None:
+    page = client.get("/dashboard")
+    assert page.headers["content-security-policy"] == "default-src 'self'"
+    assert _no_origin(page.text) == []
+    refs = [r for r in re.findall(r'(?:src|href)="([^"]+)"', page.text) if r[0] != "#"]
+    assert refs and all(r.startswith("/") and not r.startswith("//") for r in refs), refs
+    js = 0
+    for ref in refs:
+        r = client.get(ref)
+        assert r.status_code == 200, ref
+        if ref.endswith(".js"):
+            js += len(r.content)
+        if ref.endswith((".js", ".css")):
+            assert r.headers["content-security-policy"] == "default-src 'self'"
+            assert _no_origin(r.text) == [], ref
+    assert 0 < js < JS_BUDGET
+    assert set(PAGE_FILES) <= {p.name for p in STATIC.iterdir()}
+    assert client.get("/favicon.ico").headers["content-type"] == "image/png"
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_docs_load_their_assets_from_this_server(client: TestClient, page: str) -> None:
+    html = client.get(page).text
+    assert _no_origin(html) == [] and "cdn" not in html
+    for ref in re.findall(r'(?:src|href)="([^"]+)"', html):
+        r = client.get(ref)
+        assert r.status_code == 200 and len(r.content) > 0, ref
+        assert b"cdn.redoc.ly" not in r.content
+    assert client.get("/docs/static/../settings.py").status_code == 404
+
+
+def test_quantiles_interpolate_within_buckets() -> None:
+    buckets = {0.001: 50.0, 0.01: 90.0, 0.1: 100.0, float("inf"): 100.0}
+    assert quantile(0.5, buckets) == pytest.approx(0.001)
+    assert quantile(0.7, buckets) == pytest.approx(0.001 + 0.009 * 0.5)
+    assert quantile(0.99, buckets) == pytest.approx(0.01 + 0.09 * 0.9)
+    assert quantile(0.5, {0.1: 0.0, float("inf"): 0.0}) is None
+    assert quantile(0.99, {0.1: 1.0, float("inf"): 2.0}) == 0.1  # in +Inf: its lower bound
+
+
+def test_evdb_serve_no_dashboard(database: Path) -> None:
+    with serving(database, "--no-dashboard") as url:
+        assert httpx.get(f"{url}/dashboard").status_code == 404
+        assert httpx.get(f"{url}/docs").status_code == 200
+    with serving(database, "--max-scan-rows", "10") as url:
+        r = httpx.post(f"{url}/v1/tables/zipf/neighbors", json={"key": 16})
+        assert r.status_code == 422 and "--max-scan-rows 10" in r.json()["detail"]
