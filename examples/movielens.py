@@ -1,6 +1,10 @@
 """Train a small DeepFM on MovieLens 100K with evdb tables, then checkpoint and export it.
 
-``python examples/movielens.py [--out DIR]`` (the README's ``make run``).
+``python examples/movielens.py [--out DIR]`` (the README's ``make run``), or on several
+processes with sharded tables: ``torchrun --standalone --nproc_per_node 2
+examples/movielens.py [--out DIR]`` (each rank trains on its part of every global batch, the
+tables are ``evdb.distributed`` tables sharded over the ranks, the dense part is wrapped in
+``DistributedDataParallel``; rank 0 prints, and exports the shards merged).
 
 Data: the 100,000 ratings of MovieLens 100K (943 users, 1,682 items), fetched once from the
 PyPI wheel ``recbole==1.2.1`` that ships them (``pip download``; see ``../shared/data``'s
@@ -41,6 +45,7 @@ import torch
 from torch import nn
 
 import evdb
+from evdb import distributed as evd
 from evdb.torch import EmbeddingBagCollection
 
 DIM = 16
@@ -105,7 +110,7 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
 class DeepFM(nn.Module):
     """First-order biases + FM interaction + MLP over the user and item embeddings."""
 
-    def __init__(self, db: evdb.Database) -> None:
+    def __init__(self, db: evdb.Database | evd.ShardedDatabase) -> None:
         super().__init__()
         self.embed = EmbeddingBagCollection(
             {"user": db.table("user"), "item": db.table("item")}, mode="sum"
@@ -129,7 +134,9 @@ class DeepFM(nn.Module):
         return self.global_bias + b["user"].squeeze(1) + b["item"].squeeze(1) + fm + deep
 
 
-def create_tables(db: evdb.Database, n_users: int, n_items: int, ttl_steps: int) -> None:
+def create_tables(
+    db: evdb.Database | evd.ShardedDatabase, n_users: int, n_items: int, ttl_steps: int
+) -> None:
     common = dict(
         admission=evdb.admission.Counter(min_count=2),
         optimizer=evdb.optim.Adagrad(lr=0.05),
@@ -166,60 +173,92 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-serve", action="store_true", help="skip the REST check")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
+    rank, world = _rank_and_world()
+    if world > 1 and args.out is None:
+        parser.error("--out is needed under torchrun: a directory every rank can reach")
     out = args.out or Path(tempfile.mkdtemp(prefix="evdb-movielens-"))
-    for name in ("db", "checkpoint", "serving"):
-        shutil.rmtree(out / name, ignore_errors=True)
-
-    source, users, items, labels = load(None if args.synthetic else fetch_movielens(), args.seed)
+    if rank == 0:  # first: the others wait, then find the cache filled
+        for name in ("db", "checkpoint", "serving"):
+            shutil.rmtree(out / name, ignore_errors=True)
+        ratings = None if args.synthetic else fetch_movielens()
+    _barrier(world)
+    if rank != 0:
+        ratings = None if args.synthetic else fetch_movielens()
+    source, users, items, labels = load(ratings, args.seed)
     split = int(0.8 * users.shape[0])
-    print(
-        f"{source}: {users.shape[0]:,} examples, {np.unique(users).shape[0]:,} users, "
-        f"{np.unique(items).shape[0]:,} items, {labels.mean():.1%} positive; "
-        f"train on the first {split:,} by time, test on the rest"
-    )
+    if rank == 0:
+        print(
+            f"{source}: {users.shape[0]:,} examples, {np.unique(users).shape[0]:,} users, "
+            f"{np.unique(items).shape[0]:,} items, {labels.mean():.1%} positive; "
+            f"train on the first {split:,} by time, test on the rest"
+        )
     rng = np.random.default_rng(args.seed)
-    db = evdb.open(out / "db")
+    # every rank scores the whole held-out set: lookups are collective, so all make the same calls
+    db = evd.open(out / "db") if world > 1 else evdb.open(out / "db")
     create_tables(db, np.unique(users).shape[0], np.unique(items).shape[0], args.ttl_steps)
     model = DeepFM(db)
-    dense = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.BCEWithLogitsLoss()
+    dense_params = list(model.parameters())
+    trained: nn.Module = model
+    if world > 1:  # the dense part: gradients averaged over the ranks
+        trained = nn.parallel.DistributedDataParallel(model)
+    dense = torch.optim.Adam(dense_params, lr=1e-3)
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     test_u, test_i, test_y = users[split:], items[split:], labels[split:]
     for epoch in range(1, args.epochs + 1):
         order = rng.permutation(split)
         losses, t0 = [], time.perf_counter()
         for s in range(0, split, args.batch):
-            b = order[s : s + args.batch]
-            logits = model(users[b], items[b])
+            batch = order[s : s + args.batch]
+            b = np.array_split(batch, world)[rank]  # this rank's part of the global batch
+            logits = trained(users[b], items[b])
+            # the global batch's mean: each rank's share of the sum, over the global size, so
+            # the rows' gradients, summed at their owners, are one process's; the dense ones,
+            # which DDP averages, are scaled back up by the world size
             loss = loss_fn(logits, torch.as_tensor(labels[b], dtype=torch.float32))
+            loss = loss / batch.shape[0]
             dense.zero_grad()
             loss.backward()  # pushes the embedding gradients into the tables (fused Adagrad)
+            if world > 1:
+                for p in dense_params:
+                    p.grad.mul_(world)  # type: ignore[union-attr]
             dense.step()
             db.advance()
-            losses.append(float(loss.detach()))
+            losses.append(float(loss.detach()) * world)
         rate = split / (time.perf_counter() - t0)
         held_out = auc(test_y, score(model, test_u, test_i, 4096))
         tiers = db.table("item").stats()["tiers"]
-        print(
-            f"epoch {epoch}: train loss {np.mean(losses):.4f}, held-out AUC {held_out:.4f}, "
-            f"{rate:,.0f} examples/s; item rows {len(db.table('item')):,} "
-            f"(DRAM {tiers['dram']['rows']:,}, disk {tiers['rocksdb']['rows']:,}, "
-            f"promoted {tiers['dram']['promotions']:,}, written back "
-            f"{tiers['dram']['written_back']:,})"
-        )
+        item_rows = len(db.table("item"))
+        if rank == 0:
+            print(
+                f"epoch {epoch}: train loss {np.mean(losses):.4f}, held-out AUC "
+                f"{held_out:.4f}, {rate:,.0f} examples/s; item rows {item_rows:,} "
+                f"(DRAM {tiers['dram']['rows']:,}, disk {tiers['rocksdb']['rows']:,}, "
+                f"promoted {tiers['dram']['promotions']:,}, written back "
+                f"{tiers['dram']['written_back']:,})" + (f" on {world} ranks" if world > 1 else "")
+            )
     stats = db.table("user").stats()
-    print(
-        f"admission: {stats['admission']['not_admitted']:,} user-id pulls not admitted yet; "
-        f"TTL: {stats['expired_on_pull']:,} expired user rows restarted"
-    )
+    if rank == 0:
+        print(
+            f"admission: {stats['admission']['not_admitted']:,} user-id pulls not admitted "
+            f"yet; TTL: {stats['expired_on_pull']:,} expired user rows restarted"
+        )
 
     scores = score(model, test_u, test_i, 4096)
     manifest = db.checkpoint(out / "checkpoint")
-    exported = evdb.export(db, out / "serving", format="serving")
-    db.close()
-    print(
-        f"checkpoint: {out / 'checkpoint'} (step {manifest['step']}, "
-        f"{sum(f['size'] for f in manifest['files'].values()):,} bytes, checksummed)"
-    )
+    if world > 1:
+        db.close()
+        if rank != 0:
+            return 0
+        shards = manifest["checkpoint"]["shards"]
+        print(f"checkpoint: {out / 'checkpoint'} (step {manifest['step']}, {len(shards)} shards)")
+        exported = evdb.export(out / "checkpoint", out / "serving")  # the shards merged
+    else:
+        exported = evdb.export(db, out / "serving", format="serving")
+        db.close()
+        print(
+            f"checkpoint: {out / 'checkpoint'} (step {manifest['step']}, "
+            f"{sum(f['size'] for f in manifest['files'].values()):,} bytes, checksummed)"
+        )
     with evdb.open(out / "serving", read_only=True) as served:  # what inference would read
         serving_model = DeepFM(served)
         serving_model.load_state_dict(model.state_dict())
@@ -234,6 +273,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_serve:
         return 0
     return serve_once(out / "serving", [int(k) for k in np.unique(test_i)[:3]])
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """(0, 1) on one process; under torchrun, join the job (gloo on 127.0.0.1 via
+    --standalone) and return this rank and the world size."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return dist.get_rank(), world
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 # -- serving --------------------------------------------------------------------------------

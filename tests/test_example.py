@@ -33,3 +33,30 @@ def test_the_example_learns_and_its_serving_export_scores_the_same(
     if importlib.util.find_spec("fastapi") is not None:  # the serve extra: it served over REST
         assert "equal to the snapshot read directly: True" in out
         assert "curl -s -X POST localhost:8000/v1/tables/item/lookup" in out
+
+
+def test_the_example_under_torchrun_reaches_the_single_process_auc(tmp_path: Path) -> None:
+    """torchrun --standalone --nproc_per_node 2 (the README's command): sharded tables, DDP
+    for the dense part, the same held-out AUC as one process (within 0.01), and the shards
+    exported merged score the held-out set as the model does."""
+    import os
+    import subprocess
+
+    def run(*launcher: str, out: Path) -> list[float]:
+        done = subprocess.run(
+            [*launcher, str(EXAMPLE), "--synthetic", "--epochs", "2", "--no-serve", "--out", out],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "equal the model's: True" in done.stdout
+        return [float(a) for a in re.findall(r"held-out AUC ([0-9.]+)", done.stdout)]
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    two = run(*torchrun, "--nproc_per_node", "2", out=tmp_path / "two")
+    one = run(sys.executable, out=tmp_path / "one")
+    assert len(one) == len(two) == 2
+    assert abs(one[-1] - two[-1]) < 0.01, (one, two)
+    assert (tmp_path / "two" / "checkpoint" / "sharding.json").is_file()
