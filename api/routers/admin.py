@@ -49,4 +49,7 @@ async def reload(request: Request) -> Response:
     old = None if previous is None else previous.info()
     holder.swap(snap)
     holder.publish(path)
+    follower = getattr(request.app.state, "follower", None)
+    if follower is not None:  # the served version leaves the publication seqs: say so
+        follower.admin_reload(path)
     return Response(dumps({"snapshot": snap.info(), "previous": old}), media_type=JSON)
