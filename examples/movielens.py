@@ -19,10 +19,14 @@ over their concatenation; binary cross-entropy. The tables' DRAM tier holds 30% 
 so rows spill to RocksDB and come back; admission needs an id seen twice; rows unused for
 ``--ttl-steps`` expire. Per epoch it prints the training loss, held-out AUC and examples/s,
 then it checkpoints the database, exports a serving snapshot and checks that the snapshot
-scores the held-out set exactly as the model does. Last (with the serve extra installed, unless
-``--no-serve``), it starts ``evdb serve`` on the snapshot, asks it for held-out items'
-embeddings over HTTP, checks them against the snapshot read directly, prints the curl line
-that asks the same, and stops the server (``make serve`` keeps one running).
+scores the held-out set exactly as the model does. On one process it also publishes the
+tables every ``--publish-every`` steps into ``--publish-root`` (``Database.publish``: a full
+snapshot first, then deltas of the rows trained since), which ``evdb serve ROOT --follow``
+serves as training goes, prints what the publications cost, and (with the serve extra)
+checks that a follower of the root serves exactly the trained rows. Last (with the serve extra
+installed, unless ``--no-serve``), it starts ``evdb serve`` on the snapshot, asks it for
+held-out items' embeddings over HTTP, checks them against the snapshot read directly, prints
+the curl line that asks the same, and stops the server (``make serve`` keeps one running).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -171,6 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--synthetic", action="store_true", help="skip MovieLens")
     parser.add_argument("--no-serve", action="store_true", help="skip the REST check")
+    parser.add_argument(
+        "--publish-root",
+        type=Path,
+        help="publish the tables here during training (default: OUT/publish; one process only)",
+    )
+    parser.add_argument(
+        "--publish-every", type=int, default=100, help="steps between publications (0: none)"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     rank, world = _rank_and_world()
@@ -178,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out is needed under torchrun: a directory every rank can reach")
     out = args.out or Path(tempfile.mkdtemp(prefix="evdb-movielens-"))
     if rank == 0:  # first: the others wait, then find the cache filled
-        for name in ("db", "checkpoint", "serving"):
+        for name in ("db", "checkpoint", "serving", "publish"):
             shutil.rmtree(out / name, ignore_errors=True)
         ratings = None if args.synthetic else fetch_movielens()
     _barrier(world)
@@ -204,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     dense = torch.optim.Adam(dense_params, lr=1e-3)
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     test_u, test_i, test_y = users[split:], items[split:], labels[split:]
+    # Sharded publication is not built yet: a sharded run publishes nothing.
+    publish_root = (args.publish_root or out / "publish") if world == 1 else None
+    published: list[dict[str, Any]] = []
     for epoch in range(1, args.epochs + 1):
         order = rng.permutation(split)
         losses, t0 = [], time.perf_counter()
@@ -222,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                 for p in dense_params:
                     p.grad.mul_(world)  # type: ignore[union-attr]
             dense.step()
-            db.advance()
+            step = db.advance()
+            if publish_root is not None and args.publish_every and step % args.publish_every == 0:
+                assert isinstance(db, evdb.Database)
+                published.append(db.publish(publish_root))  # a server following it sees this
             losses.append(float(loss.detach()) * world)
         rate = split / (time.perf_counter() - t0)
         held_out = auc(test_y, score(model, test_u, test_i, 4096))
@@ -236,6 +255,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"promoted {tiers['dram']['promotions']:,}, written back "
                 f"{tiers['dram']['written_back']:,})" + (f" on {world} ranks" if world > 1 else "")
             )
+    if publish_root is not None and published:
+        assert isinstance(db, evdb.Database)
+        published.append(db.publish(publish_root))  # the final state
+        deltas = [p for p in published if p["kind"] == "delta"]
+        rows = sum(p["rows"] for p in deltas)
+        per = sum(p["seconds"] for p in deltas) / max(rows, 1) * 1e5
+        print(
+            f"published: {len(published)} publications to {publish_root} (last seq "
+            f"{published[-1]['seq']}; {len(published) - len(deltas)} full, {len(deltas)} "
+            f"deltas of {rows / max(len(deltas), 1):,.0f} changed rows on average, "
+            f"{sum(p['bytes'] for p in deltas) / max(len(deltas), 1) / 1e3:,.0f} kB and "
+            f"{per:.2f} s per 10^5 changed rows)"
+        )
+        same_rows = follows_exactly(db, publish_root, {"user": test_u, "item": test_i})
+        if same_rows is not None:
+            print(f"a follower of {publish_root} serves the trained rows exactly: {same_rows}")
+            if not same_rows:
+                return 1
     stats = db.table("user").stats()
     if rank == 0:
         print(
@@ -273,6 +310,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_serve:
         return 0
     return serve_once(out / "serving", [int(k) for k in np.unique(test_i)[:3]])
+
+
+def follows_exactly(db: evdb.Database, root: Path, ids: dict[str, np.ndarray]) -> bool | None:
+    """Whether a server following root (``evdb.api.follow``, as ``evdb serve ROOT --follow``
+    runs it) reads every table's rows of ids bit for bit as the trainer does; None without
+    the serve extra."""
+    try:
+        from evdb.api.follow import Follower
+        from evdb.api.snapshots import SnapshotHolder
+    except ImportError:
+        return None
+    holder = SnapshotHolder()
+    follower = Follower(root, holder)
+    try:
+        if not follower.poll():
+            return False
+        view = holder.current
+        assert view is not None
+        for name in db.tables():
+            keys = np.unique(ids[name.removesuffix("_bias")])
+            served = view.lookup(name, view.tables[name], keys)
+            if not np.array_equal(served, db.table(name).lookup(keys)):
+                return False
+        return True
+    finally:
+        follower.close()
+        holder.close()
 
 
 def _rank_and_world() -> tuple[int, int]:
