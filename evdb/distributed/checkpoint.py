@@ -28,6 +28,7 @@ from evdb.distributed.layout import LAYOUT, read_layout, shard_dir, write_json
 from evdb.distributed.placement import Placement
 from evdb.errors import CorruptDataError, EvdbError, InvalidArgumentError
 from evdb.io.export import export as _export_one
+from evdb.offline import info as offline_info
 from evdb.table import Table
 from evdb.table_state import COUNTERS
 from evdb.writes import restore_records
@@ -189,6 +190,11 @@ def reshard(
     if dest.exists():
         raise InvalidArgumentError(f"dest: {dest} already exists")
     layout, olds = _source(src)
+    if (layout.get("checkpoint") or {}).get("kind") == "incremental":
+        raise InvalidArgumentError(
+            f"src: {src} is an incremental sharded checkpoint; open it on "
+            f"{layout['world_size']} ranks and take a full checkpoint to reshard"
+        )
     placements = {n: Placement.from_dict(p) for n, p in layout["tables"].items()}
     for p in placements.values():
         p.check(shards)
@@ -266,11 +272,11 @@ def info(src: str | os.PathLike[str]) -> dict[str, Any]:
     layout, shards = _source(src)
     per_table: dict[str, list[int]] = {n: [] for n in layout["tables"]}
     step = None
-    for path in shards:
-        with _database.open(path, read_only=True) as db:
-            step = db.step
-            for name in per_table:
-                per_table[name].append(len(db.table(name)))
+    for path in shards:  # an incremental shard reports what its manifest records
+        shard = offline_info(path)
+        step = shard["step"]
+        for name in per_table:
+            per_table[name].append(int(shard["tables"][name]["rows"]))
     tables = {}
     for name, rows in per_table.items():
         mean = sum(rows) / len(rows)

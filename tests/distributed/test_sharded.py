@@ -135,6 +135,18 @@ def test_reshard_3_to_2_and_1_resumes_on_that_many_ranks(three_ranks, reference,
             assert res["len"] == {n: reference[n]["len"] for n in workers.table_options()}
 
 
+def test_an_incremental_sharded_checkpoint_resumes_on_as_many_ranks(three_ranks, reference):
+    out, _ = three_ranks
+    inc = evd.info(out / "ckpt-inc")["checkpoint"]
+    assert inc["kind"] == "incremental" and inc["base"] == str((out / "ckpt-base").resolve())
+    with pytest.raises(evdb.InvalidArgumentError, match="incremental sharded checkpoint"):
+        evd.reshard(out / "ckpt-inc", out / "never", 2)
+    run_out = out / "run-incremental"
+    results = run_ranks(workers.resume, 3, run_out, str(out / "ckpt-inc"), None)
+    assert_same_tables(merged([run_out / f"shard-{r}.npz" for r in range(3)]), reference["records"])
+    assert results[0]["len"] == {n: reference[n]["len"] for n in workers.table_options()}
+
+
 def test_reshard_there_and_back_is_the_identity(three_ranks, tmp_path: Path) -> None:
     out, _ = three_ranks
     evd.reshard(out / "ckpt", tmp_path / "two", 2)

@@ -95,6 +95,8 @@ def train(rank: int, world: int, out: Path, placement: str, checkpoint: bool) ->
         for n, o in table_options().items()
     }
     for step in range(STEPS):
+        if checkpoint and step == STEPS - 3:  # the base of an incremental one, taken below
+            db.checkpoint(out / "ckpt-base")
         keys = part(global_batch(step), rank, world)
         for t in tables.values():
             p = t.pull(keys)
@@ -122,19 +124,22 @@ def train(rank: int, world: int, out: Path, placement: str, checkpoint: bool) ->
     dump_records(db, out / f"shard-{rank}.npz")
     if checkpoint:
         db.checkpoint(out / "ckpt")
+        db.checkpoint(out / "ckpt-inc", base=out / "ckpt-base")
     db.close()
     return result
 
 
-def resume(rank: int, world: int, out: Path, src: str, wrong: str) -> dict[str, Any]:
+def resume(rank: int, world: int, out: Path, src: str, wrong: str | None) -> dict[str, Any]:
     """Open a (resharded) checkpoint on this many ranks and dump the shards; first check that
-    a checkpoint for another world size is refused with the reshard command."""
-    try:
-        evd.open(wrong)
-    except evdb.ShardLayoutError as e:
-        refused = str(e)
-    else:
-        raise AssertionError("a checkpoint for another world size was opened")
+    a checkpoint for another world size (``wrong``) is refused with the reshard command."""
+    refused = None
+    if wrong is not None:
+        try:
+            evd.open(wrong)
+        except evdb.ShardLayoutError as e:
+            refused = str(e)
+        else:
+            raise AssertionError("a checkpoint for another world size was opened")
     db = evd.open(src)
     dump_records(db, out / f"shard-{rank}.npz")
     lens = {n: len(db.table(n)) for n in db.tables()}
