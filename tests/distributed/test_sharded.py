@@ -233,6 +233,10 @@ def test_mismatched_calls_and_bad_input_fail_on_every_rank(tmp_path: Path) -> No
         else:
             assert "rank 1 refused its input to the pull" in seen["other_refused"]
         assert seen["len_after"] == 0
+        n, row, pulled = seen["empty_batch"]
+        assert n == 2 and pulled == (2 if r == 0 else 0)
+        init = evdb.init.Normal(0.0, 0.01, 0).values(np.array([2]), workers.DIM)[0]
+        np.testing.assert_allclose(row, init - 0.01, rtol=1e-6)  # one SGD step, lr 0.01
         assert "same configuration" in seen["config"]
 
 

@@ -181,6 +181,11 @@ def misuse(rank: int, world: int, out: Path) -> dict[str, Any]:
     except evdb.InvalidTypeError as e:
         seen["own_error"] = str(e)
     seen["len_after"] = len(t)  # the collectives still pair up after both failures
+    # a rank with no keys still takes part, with an empty batch
+    mine = np.array([1, 2, 2], dtype=np.int64) if rank == 0 else np.empty(0, dtype=np.int64)
+    p = t.pull(mine)
+    t.push(p, np.ones((p.keys.shape[0], DIM), np.float32))
+    seen["empty_batch"] = [len(t), t.lookup(np.array([2]))[0].tolist(), p.rows.shape[0]]
     try:
         db.create_table("u", dim=DIM + rank)
     except evdb.ShardLayoutError as e:
