@@ -16,12 +16,14 @@ LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
     | {"evdb.distributed"}  # sharding: a layer above Database and Table (DESIGN)
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
-    {"evdb", "evdb.database", "evdb.checkpoint"},  # "evdb" is the facade, for callers only
+    {"evdb", "evdb.database", "evdb.checkpoint"}  # "evdb" is the facade, for callers only
+    | {"evdb.publish"},  # Database.publish's body, beside the checkpoint code it builds on
     {"evdb.table", "evdb.pulled", "evdb.strings"}  # Table, and the modules of its method bodies
     | {"evdb.reads", "evdb.writes", "evdb.maintenance", "evdb.table_state"},
     {"evdb.dedup"},
     {"evdb.tiers"},
-    {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"},
+    {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"}
+    | {"evdb.changelog"},
     {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records", "evdb.io"},
     {"evdb.kernels"},
     {"evdb.errors", "evdb._types"},
