@@ -119,15 +119,18 @@ def _score(values: Float32Array, q: Float32Array, q_norm: float, metric: str) ->
     dots: Float32Array = values @ q
     if metric == "dot":
         return dots
-    sq = np.einsum("ij,ij->i", values, values)
-    scores: Float32Array
+    sq: Float32Array = np.einsum("ij,ij->i", values, values)
     if metric == "l2":
-        scores = 2 * dots - sq - np.float32(q_norm * q_norm)
-        return scores
-    norms = np.sqrt(sq)
-    norms[norms == 0] = np.inf
-    scores = dots / (norms * np.float32(q_norm))
-    return scores
+        dots *= 2
+        dots -= sq
+        dots -= np.float32(q_norm * q_norm)
+        return dots
+    # in place: each temporary of a block is another pass over it
+    np.sqrt(sq, out=sq)
+    sq *= np.float32(q_norm)
+    sq[sq == 0] = np.inf
+    dots /= sq
+    return dots
 
 
 def _cached_blocks(table: Table, min_live: int) -> Iterator[tuple[Float32Array, Int64Array]]:
