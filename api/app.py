@@ -96,8 +96,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.holder = holder
     app.state.metrics = Metrics(holder, settings.metrics_dir)
-    app.state.sampler = Sampler(app.state.metrics, holder, settings.sample_interval_s)
-    app.state.views = dashboard.Views()
+    app.state.views = dashboard.Views(holder)
+    app.state.sampler = Sampler(
+        app.state.metrics, holder, settings.sample_interval_s, after_tick=app.state.views.warm
+    )
     # The routers' routes go onto the app flat: FastAPI 0.16x keeps an included router as a
     # nested one, which cost 25-30 us a request here (a trivial route: 60-69 us nested,
     # 41-45 us flat, 31-33 us alone), a tenth of a whole 1,000-key binary lookup.

@@ -18,6 +18,7 @@ JSON, under ``/v1/dashboard`` (no admin action, nothing changes):
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass
@@ -29,13 +30,13 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 import evdb
-from evdb.sampling import RowSample, sample_rows
+from evdb.sampling import RowSample, sample_rows, sample_steps
 
 from .codec import JSON, ApiError, dumps
 from .deps import settings_of, table_of, use_snapshot
 from .openapi import error_responses
 from .schemas import Error
-from .snapshots import Snapshot
+from .snapshots import Snapshot, SnapshotHolder
 
 STATIC = Path(__file__).parent / "static"
 CSP = {"Content-Security-Policy": "default-src 'self'", "X-Content-Type-Options": "nosniff"}
@@ -165,24 +166,53 @@ class TableView:
 
 
 class Views:
-    """Each table's sampled figures, computed once per snapshot (on first request)."""
+    """Each table's sampled figures, computed once per snapshot: ahead of time by
+    :meth:`warm` (the sampler runs it after each tick), or by the first request that needs
+    them before that."""
 
-    def __init__(self) -> None:
+    def __init__(self, holder: SnapshotHolder) -> None:
+        self.holder = holder
         self._snap: Snapshot | None = None
         self._views: dict[str, TableView] = {}
 
     def get(self, snap: Snapshot, name: str) -> TableView:
-        if snap is not self._snap:
-            self._snap, self._views = snap, {}
+        self._forget_old(snap)
         view = self._views.get(name)
         if view is None:
-            view = self._views[name] = self._compute(snap, name)
+            table = table_of(snap, name)
+            sample = sample_rows(table, SAMPLE_ROWS)
+            view = self._views[name] = self._compute(table, name, sample)
         return view
 
+    def _forget_old(self, snap: Snapshot) -> None:
+        if snap is not self._snap:
+            self._snap, self._views = snap, {}
+
+    async def warm(self) -> None:
+        """Sample the current snapshot's tables that have no figures yet, giving the event
+        loop back after every chunk scanned: a 1M-row table mostly on disk takes seconds to
+        scan, which would otherwise stall every request meanwhile."""
+        snap = self.holder.acquire()
+        if snap is None:
+            return
+        try:
+            self._forget_old(snap)
+            for name, table in list(snap.tables.items()):
+                if name in self._views:
+                    continue
+                sample = None
+                for step in sample_steps(table, SAMPLE_ROWS):
+                    sample = step  # None until the scan's end
+                    await asyncio.sleep(0)
+                    if self.holder.current is not snap or name in self._views:
+                        return  # a reload meanwhile, or a request computed it: start again
+                assert sample is not None
+                self._views[name] = self._compute(table, name, sample)
+        finally:
+            self.holder.release(snap)
+
     @staticmethod
-    def _compute(snap: Snapshot, name: str) -> TableView:
-        table = table_of(snap, name)
-        sample = sample_rows(table, SAMPLE_ROWS)
+    def _compute(table: evdb.Table, name: str, sample: RowSample) -> TableView:
         freq = rank_frequency(sample.freq)
         dist = {
             "table": name,

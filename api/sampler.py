@@ -20,7 +20,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -139,11 +139,17 @@ class Sampler:
     """A ring buffer of :class:`Sample`, filled every ``interval_s`` by :meth:`run`."""
 
     def __init__(
-        self, metrics: Metrics, holder: SnapshotHolder, interval_s: float, keep_s: float = 3600
+        self,
+        metrics: Metrics,
+        holder: SnapshotHolder,
+        interval_s: float,
+        keep_s: float = 3600,
+        after_tick: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.metrics = metrics
         self.holder = holder
         self.interval_s = interval_s
+        self.after_tick = after_tick  # the dashboard's sampling of a new snapshot's rows
         self.ring: deque[Sample] = deque(maxlen=max(2, int(keep_s / interval_s)))
 
     def tick(self) -> None:
@@ -154,6 +160,8 @@ class Sampler:
         awaiting, so a sample never reads a table while a request uses it."""
         while True:
             self.tick()
+            if self.after_tick is not None:
+                await self.after_tick()
             await asyncio.sleep(self.interval_s)
 
     @contextlib.asynccontextmanager

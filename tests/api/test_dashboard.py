@@ -4,6 +4,7 @@ browser: tests/api/test_dashboard_browser.py drives the page itself)."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -211,3 +212,12 @@ def test_evdb_serve_no_dashboard(database: Path) -> None:
     with serving(database, "--max-scan-rows", "10") as url:
         r = httpx.post(f"{url}/v1/tables/zipf/neighbors", json={"key": 16})
         assert r.status_code == 422 and "--max-scan-rows 10" in r.json()["detail"]
+
+
+def test_the_sampler_samples_each_table_ahead_of_any_request(database: Path) -> None:
+    with client_for(database, sample_interval_s=0.05) as c:
+        views = c.app.state.views
+        deadline = time.monotonic() + 60
+        while len(views._views) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(views._views) == ["ages", "words", "zipf"]
