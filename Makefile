@@ -44,6 +44,7 @@ bench: $(BIN)/python
 	$(BIN)/python bench/bench_io.py
 	$(BIN)/python bench/bench_torch.py
 	$(BIN)/python bench/bench_rest.py
+	$(BIN)/python bench/bench_distributed.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
