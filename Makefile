@@ -45,6 +45,7 @@ bench: $(BIN)/python
 	$(BIN)/python bench/bench_torch.py
 	$(BIN)/python bench/bench_rest.py
 	$(BIN)/python bench/bench_distributed.py
+	$(BIN)/python bench/bench_neighbors.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
