@@ -64,8 +64,10 @@ class _Open(BaseModel):
 
 class Summary(_Open):
     server: dict[str, Any] = Field(
-        description="path, version, step, loaded_at, age_s (since the snapshot was written), "
-        "staleness_s (since it was loaded), uptime_s, workers, sample_interval_s"
+        description="path, version, step, loaded_at (and seq, published when following a "
+        "publish root), publish_root, staleness_s (since the data served was written or "
+        "published), loaded_s, uptime_s, workers, sample_interval_s, reloads, evdb_version, "
+        "pid (the worker that answered)"
     )
     tables: list[dict[str, Any]] = Field(
         description="Per table: name, dim, key_type, rows, ttl_steps, tiers (name, rows, "
@@ -253,21 +255,27 @@ def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
 def summary(snap: Snapshot, request: Request) -> dict[str, Any]:
     settings = settings_of(request)
     now = time.time()
-    manifest = snap.path / "MANIFEST.json"
-    written = manifest if manifest.exists() else snap.path / "evdb.json"
-    try:
-        age = now - os.stat(written).st_mtime
-    except OSError:
-        age = None
+    info = snap.info()
+    published = info.get("published")  # following a publish root: the served seq's time
+    if published:
+        written: float | None = float(published)
+    else:
+        manifest = snap.path / "MANIFEST.json"
+        try:
+            written = os.stat(manifest if manifest.exists() else snap.path / "evdb.json").st_mtime
+        except OSError:
+            written = None
     server = {
-        **snap.info(),
-        "age_s": age,
-        "staleness_s": now - snap.loaded_at,
+        **info,
+        "publish_root": None if settings.follow_root is None else str(settings.follow_root),
+        "staleness_s": None if written is None else max(now - written, 0.0),
+        "loaded_s": now - snap.loaded_at,
         "uptime_s": now - STARTED,
         "workers": settings.workers,
         "sample_interval_s": settings.sample_interval_s,
         "reloads": request.app.state.holder.reloads,
         "evdb_version": evdb.__version__,
+        "pid": os.getpid(),  # which worker answered
     }
     tables = []
     for name, t in snap.tables.items():

@@ -13,7 +13,7 @@ into the running top-k, which is ordered by score and then by key.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +25,14 @@ from evdb.keys import normalize_keys
 if TYPE_CHECKING:
     from evdb.table import Table
 
-__all__ = ["METRICS", "neighbors", "neighbors_reference"]
+__all__ = [
+    "METRICS",
+    "check_query",
+    "live_chunks",
+    "neighbors",
+    "neighbors_reference",
+    "top_k",
+]
 
 METRICS = ("cosine", "dot", "l2")
 # Slab rows scored per matmul. 8,192 rows of dim 64 are 2 MiB, so the second pass a chunk
@@ -167,14 +174,45 @@ def _chunks(table: Table, min_live: int) -> Iterator[tuple[Float32Array, Int64Ar
             yield records.values[live], keys[live]
 
 
-def _finish(top: _TopK, metric: str, table: Table, as_strings: bool) -> tuple[Any, Float32Array]:
-    scores = top.scores
+def check_query(
+    table: Table, query: Any, k: Any = 10, metric: Any = "cosine"
+) -> tuple[Float32Array, int | None, int, str]:
+    """The arguments of a neighbours query, checked before any row is read: the (dim,)
+    float32 query vector, the query key to leave out of the answer (None for a vector), k
+    and the metric. Raises what ``Table.neighbors`` raises for bad input."""
+    return _prepare(table, query, k, metric)
+
+
+def live_chunks(table: Table) -> Iterator[tuple[Float32Array, Int64Array]]:
+    """``(values (m, dim) float32, keys (m,) int64)`` of every live row, a chunk at a time:
+    the top tier's slab read in place, then the rows only below. Read-only views, valid until
+    the next chunk; the table must not change meanwhile."""
+    table._db._check_open()
+    return _chunks(table, table._min_live())
+
+
+def top_k(
+    chunks: Iterable[tuple[Float32Array, Int64Array]],
+    q: Float32Array,
+    k: int,
+    metric: str,
+    exclude: int | None = None,
+) -> tuple[Int64Array, Float32Array]:
+    """The k rows of ``chunks`` nearest to ``q`` (keys, scores: similarity, or the distance for
+    l2), ties by key, leaving out the key ``exclude``; arguments as :func:`check_query` gives
+    them. What ``Table.neighbors`` runs over :func:`live_chunks`, and what a caller with rows
+    of its own (a server's overlay of newer rows) runs over its merged chunks."""
+    q_norm = float(np.linalg.norm(q.astype(np.float64)))
+    top = _TopK(k + (exclude is not None))  # one spare: the query key may be among them
+    for values, keys in chunks:
+        top.offer(_score(values, q, q_norm, metric), keys)
+    keys_out, scores = top.keys, top.scores
+    if exclude is not None:
+        mine = keys_out != exclude
+        keys_out, scores = keys_out[mine][:k], scores[mine][:k]
     if metric == "l2":  # the distance itself, from minus its square
         scores = np.sqrt(np.maximum(-scores, 0)).astype(np.float32)
-    keys: Any = top.keys
-    if as_strings:
-        keys = table.strings(top.keys)
-    return keys, scores
+    return keys_out, scores
 
 
 def neighbors(
@@ -184,14 +222,8 @@ def neighbors(
     q, exclude, k, metric = _prepare(table, query, k, metric)
     if as_strings and table._strings is None:
         table.strings([])  # raises, naming how to create a table that keeps them
-    q_norm = float(np.linalg.norm(q.astype(np.float64)))
-    top = _TopK(k + (exclude is not None))  # one spare: the query key may be among them
-    for values, keys in _chunks(table, table._min_live()):
-        top.offer(_score(values, q, q_norm, metric), keys)
-    if exclude is not None:
-        mine = top.keys != exclude
-        top.keys, top.scores = top.keys[mine][:k], top.scores[mine][:k]
-    return _finish(top, metric, table, as_strings)
+    keys, scores = top_k(_chunks(table, table._min_live()), q, k, metric, exclude)
+    return (table.strings(keys) if as_strings else keys), scores
 
 
 def neighbors_reference(

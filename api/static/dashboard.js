@@ -54,12 +54,14 @@ function renderStatus(s) {
     const span = el("span", { "data-field": field }, `${label} `, el("b", { text: value }));
     return span;
   };
+  const items = s.publish_root
+    ? [item("root", "publish root", s.publish_root), item("seq", "seq", num(s.seq))]
+    : [item("path", "snapshot", s.path), item("version", "version", s.version)];
   strip.replaceChildren(
-    item("path", "snapshot", s.path),
-    item("version", "version", s.version),
+    ...items,
     item("step", "step", num(s.step)),
-    item("age", "written", `${seconds(s.age_s)} ago`),
-    item("staleness", "loaded", `${seconds(s.staleness_s)} ago`),
+    item("staleness", "staleness", seconds(s.staleness_s)),
+    item("loaded", "loaded", `${seconds(s.loaded_s)} ago`),
     item("uptime", "uptime", seconds(s.uptime_s)),
     item("workers", "workers", num(s.workers)),
     item("reloads", "reloads", num(s.reloads)),

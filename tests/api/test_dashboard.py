@@ -221,3 +221,75 @@ def test_the_sampler_samples_each_table_ahead_of_any_request(database: Path) -> 
         while len(views._views) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sorted(views._views) == ["ages", "words", "zipf"]
+
+
+def test_with_two_workers_the_series_sums_both(database: Path) -> None:
+    """Every worker's series counts every worker's lookups, as /metrics sums them."""
+    with serving(database, "--workers", "2") as url:
+
+        def lookups() -> float:
+            series = httpx.get(f"{url}/v1/dashboard/series").json()  # a new connection each
+            return float(series["tables"]["zipf"]["lookups"][-1])
+
+        before = lookups()
+        pids: set[int] = set()
+        n = 0
+        while len(pids) < 2 and n < 200:  # until both workers have answered (bounded)
+            r = httpx.post(f"{url}/v1/tables/zipf/lookup", json={"keys": [n]})
+            assert r.status_code == 200
+            n += 1
+            pids.add(httpx.get(f"{url}/v1/dashboard/summary").json()["server"]["pid"])
+        assert len(pids) == 2, "200 new connections all reached one worker"
+        answers = [httpx.get(f"{url}/v1/dashboard/series").json() for _ in range(8)]
+        assert {a["tables"]["zipf"]["lookups"][-1] for a in answers} == {before + n}
+
+
+def test_following_a_publish_root_the_strip_shows_root_seq_and_staleness(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=4)
+        t.upsert(np.arange(100), np.ones((100, 4), np.float32))
+        db.publish(root)
+        with TestClient(create_app(Settings(follow_root=root, poll_interval_s=0.2))) as c:
+            server = c.get("/v1/dashboard/summary").json()["server"]
+            assert server["publish_root"] == str(root) and server["seq"] == 1
+            assert 0 <= server["staleness_s"] < 600
+            dist = c.get("/v1/dashboard/tables/item/distributions").json()
+            assert dist["rows"] == 100
+            r = c.post("/v1/tables/item/neighbors", json={"key": 3, "k": 2}).json()
+            assert len(r["keys"]) == 2
+
+
+def test_following_neighbours_see_the_newest_publication(tmp_path: Path) -> None:
+    """Rows a delta changed or removed are answered as the trainer has them at that seq."""
+    root = tmp_path / "pub"
+    rng = np.random.default_rng(3)
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=4)
+        t.upsert(np.arange(200), rng.normal(size=(200, 4)).astype(np.float32))
+        db.publish(root)
+        with TestClient(create_app(Settings(follow_root=root, poll_interval_s=0.1))) as c:
+
+            def ask(body: dict) -> dict:
+                r = c.post("/v1/tables/item/neighbors", json={**body, "k": 5})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            before = ask({"key": 7})["keys"]
+            # a new row equal to key 7's, key 7's best neighbour removed, key 7 itself moved
+            t.upsert([1000], t.lookup([7]))
+            t.delete([before[0]])
+            t.upsert([7], t.lookup([before[-1]]) + 1e-3)
+            assert db.publish(root)["seq"] == 2
+            deadline = time.monotonic() + 30
+            while c.get("/v1/dashboard/summary").json()["server"].get("seq") != 2:
+                assert time.monotonic() < deadline, "the follower did not apply seq 2"
+                time.sleep(0.1)
+            for body in ({"key": 7}, {"vector": [0.3, -0.2, 0.5, 0.1], "metric": "l2"}):
+                want = t.neighbors(
+                    body.get("key", body.get("vector")), 5, body.get("metric", "cosine")
+                )
+                got = ask(body)
+                assert got["keys"] == want[0].tolist()
+                np.testing.assert_allclose(got["scores"], want[1], rtol=1e-5, atol=1e-6)
+            assert before[0] not in ask({"key": 7})["keys"]
