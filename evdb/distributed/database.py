@@ -32,7 +32,6 @@ from evdb.errors import (
     CorruptDataError,
     DatabaseClosedError,
     EvdbError,
-    InvalidArgumentError,
     ShardLayoutError,
     TableNotFoundError,
 )
@@ -76,8 +75,9 @@ def _plan_open(root: Path, world: int) -> dict[str, Any]:
 class ShardedDatabase:
     """This rank's handle on a sharded database; open it with :func:`evdb.distributed.open`.
 
-    It has ``Database``'s methods; ``create_table``, ``drop_table``, ``advance``, ``flush``,
-    ``checkpoint`` and ``close`` are collective (every rank calls them, in the same order).
+    It has ``Database``'s methods; ``create_table``, ``drop_table``, ``flush``, ``checkpoint``
+    and ``close`` are collective (every rank calls them, in the same order), and ``advance``
+    must be called alike on every rank.
     """
 
     def __init__(self, root: Path, group: Any, exchange: Exchange) -> None:
@@ -123,6 +123,7 @@ class ShardedDatabase:
                 f"{root}: the shards disagree (steps {sorted(steps)}, tables {sorted(tables)}): "
                 "they come from different checkpoints"
             )
+        self._x.step = self.local.step
         for name, placement in plan["tables"].items():
             p = Placement.from_dict(placement)
             self._tables[name] = ShardedTable(self, self.local.table(name), p, self._x)
@@ -188,13 +189,13 @@ class ShardedDatabase:
         return self.local.step
 
     def advance(self, n: int = 1) -> int:
-        """Collective. Move the global step forward by n on every rank; returns it."""
+        """Move the global step forward by n on this rank; returns it. Every rank must advance
+        alike: it costs no collective, and every later collective compares the ranks' steps
+        (a rank that did not advance makes the next one raise ``CollectiveError``)."""
         self._check_writable()
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            self._x.begin("advance", failed=True)
-            raise InvalidArgumentError(f"n must be an int >= 0, got {n!r}")
-        self._x.begin("advance", arg=n)
-        return self.local.advance(n)
+        step = self.local.advance(n)  # validates n
+        self._x.step = step
+        return step
 
     # -- tables ---------------------------------------------------------------------------
     def create_table(

@@ -32,7 +32,7 @@ OPS = (
     "open",
     "create_table",
     "drop_table",
-    "advance",
+    "advance",  # (no longer a collective of its own; kept so the codes stay)
     "flush",
     "checkpoint",
     "close",
@@ -47,8 +47,8 @@ OPS = (
     "stats",
     "publish",
 )
-_HEAD = 5  # op, table, call number, argument code, failed (this rank refused its input)
-_SAME = 4  # the first _SAME fields must agree on every rank
+_HEAD = 6  # op, table, call number, argument code, global step, failed (refused its input)
+_SAME = 5  # the first _SAME fields must agree on every rank
 
 
 def _name_code(name: str) -> int:
@@ -69,6 +69,9 @@ class Exchange:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.calls = 0  # collective calls made so far: every rank must be at the same one
+        # The global step, compared in every header: advancing needs no collective of its own
+        # (a rank that advanced differently is caught at the next call).
+        self.step = 0
 
     def _fail(self, op: str, table: str, e: BaseException) -> CollectiveError:
         return CollectiveError(
@@ -92,8 +95,10 @@ class Exchange:
         ``sizes`` is None). ``failed=True`` says this rank refused its input: every other
         rank raises ``CollectiveError`` at once (the refusing rank raises its own error)."""
         self.calls += 1
+        if self.size == 1:  # nothing to check or share: a group of one pays no collective
+            return np.zeros((1, 1), dtype=np.int64) if sizes is None else sizes.reshape(1, 1)
         head = np.zeros(_HEAD + self.size, dtype=np.int64)
-        head[:_HEAD] = (OPS.index(op), _name_code(table), self.calls, arg, int(failed))
+        head[:_HEAD] = (OPS.index(op), _name_code(table), self.calls, arg, self.step, int(failed))
         if sizes is not None:
             head[_HEAD:] = sizes
         mine = torch.from_numpy(head)
@@ -106,12 +111,15 @@ class Exchange:
         wrong = np.flatnonzero((heads[:, :_SAME] != head[:_SAME]).any(axis=1))
         if wrong.size:
             names = [OPS[c] if 0 <= c < len(OPS) else "?" for c in heads[:, 0].tolist()]
-            calls = ", ".join(f"rank {r}: call {heads[r, 2]} {names[r]}" for r in range(self.size))
+            calls = ", ".join(
+                f"rank {r}: call {heads[r, 2]} {names[r]} at step {heads[r, 4]}"
+                for r in range(self.size)
+            )
             raise CollectiveError(
                 f"rank {self.rank}: the ranks are not in the same collective call ({calls}; "
                 f"this rank is in call {self.calls} {op} of {table!r}). Every rank must make "
-                "every collective call, in the same order and with the same arguments, with "
-                "an empty batch if it has none"
+                "every collective call, in the same order, with the same arguments and at the "
+                "same step (advance alike), with an empty batch if it has none"
             )
         refused = np.flatnonzero(heads[:, _SAME] != 0)
         if refused.size and not failed:
@@ -126,6 +134,8 @@ class Exchange:
     ) -> np.ndarray:
         """Send ``data[rows for rank j]`` (grouped by destination, ``send[j]`` rows each) to
         every rank j; returns what arrived, grouped by source (``recv[i]`` rows from rank i)."""
+        if self.size == 1:
+            return data
         src = torch.from_numpy(np.ascontiguousarray(data))
         out = torch.empty((int(recv.sum()), *data.shape[1:]), dtype=src.dtype)
         try:
@@ -136,6 +146,8 @@ class Exchange:
 
     def all_sum(self, values: Int64Array, op: str, table: str = "") -> Int64Array:
         """The element-wise sum of an int64 vector over every rank."""
+        if self.size == 1:
+            return np.asarray(values, dtype=np.int64)
         t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64).copy())
         try:
             dist.all_reduce(t, group=self.group)
@@ -145,6 +157,8 @@ class Exchange:
 
     def gather_objects(self, obj: Any, op: str, table: str = "") -> list[Any]:
         """Every rank's (picklable, small) object, in rank order: configs, stats."""
+        if self.size == 1:
+            return [obj]
         out: list[Any] = [None] * self.size
         try:
             dist.all_gather_object(out, obj, group=self.group)
@@ -153,6 +167,8 @@ class Exchange:
         return out
 
     def barrier(self, op: str, table: str = "") -> None:
+        if self.size == 1:
+            return
         try:
             dist.barrier(group=self.group)
         except RuntimeError as e:

@@ -199,6 +199,30 @@ def test_the_neighbours_box_shows_table_neighbors(
     assert errors(browser) == []
 
 
+def test_hovering_a_point_names_its_key(browser: Any, url: str) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    open_view(browser, url, "projector", "zipf")
+    wait(browser, DRAWN)
+    # a point's position in CSS pixels, and the labels of every point drawn within 1 px of it
+    x, y, near = browser.execute_script(
+        """const c = document.getElementById('projection'), p = state.projection;
+        const at = projectionFrame(c, p), r = devicePixelRatio, [x, y] = at(0);
+        const near = p.labels.filter((_, i) => Math.hypot(at(i)[0] - x, at(i)[1] - y) <= r);
+        return [x / r, y / r, near];"""
+    )
+    canvas = browser.find_element(By.ID, "projection")
+    size = canvas.size
+    ActionChains(browser).move_to_element_with_offset(
+        canvas, int(x - size["width"] / 2), int(y - size["height"] / 2)
+    ).perform()
+    tip = wait(
+        browser, "const t = document.getElementById('hover'); return !t.hidden && t.textContent"
+    )
+    assert tip in near
+
+
 @pytest.mark.parametrize(("page", "ready"), [
     ("docs", "return document.querySelectorAll('.opblock').length"),
     ("redoc", "return document.querySelectorAll('[role=menuitem]').length"),

@@ -226,8 +226,8 @@ def test_mismatched_calls_and_bad_input_fail_on_every_rank(tmp_path: Path) -> No
     results = run_ranks(workers.misuse, 2, tmp_path)
     for r, seen in enumerate(results):
         assert "not in the same collective call" in seen["mismatch"]
-        assert "rank 0: call 3 lookup" in seen["mismatch"]
-        assert "rank 1: call 3 contains" in seen["mismatch"]
+        assert "rank 0: call 3 lookup at step 0" in seen["mismatch"]
+        assert "rank 1: call 3 contains at step 0" in seen["mismatch"]
         if r == 1:
             assert "keys" in seen["own_error"]
         else:
@@ -238,6 +238,7 @@ def test_mismatched_calls_and_bad_input_fail_on_every_rank(tmp_path: Path) -> No
         init = evdb.init.Normal(0.0, 0.01, 0).values(np.array([2]), workers.DIM)[0]
         np.testing.assert_allclose(row, init - 0.01, rtol=1e-6)  # one SGD step, lr 0.01
         assert "same configuration" in seen["config"]
+        assert "len at step 1, rank 1: call 11 len at step 0" in seen["step"]
 
 
 def test_the_torch_binding_trains_sharded_tables_like_one_table(tmp_path: Path) -> None:

@@ -190,6 +190,14 @@ def misuse(rank: int, world: int, out: Path) -> dict[str, Any]:
         db.create_table("u", dim=DIM + rank)
     except evdb.ShardLayoutError as e:
         seen["config"] = str(e)
+    if rank == 0:  # rank 1 forgets to advance: the next collective says so
+        db.advance()
+    try:
+        len(t)
+    except evdb.CollectiveError as e:
+        seen["step"] = str(e)
+    if rank == 1:
+        db.advance()
     db.close()
     return seen
 
