@@ -62,6 +62,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,7 +71,7 @@ import numpy as np
 
 from evdb import checkpoint as _checkpoint
 from evdb._types import Float32Array, Int64Array
-from evdb.config import DiskConfig
+from evdb.config import DiskConfig, TableConfig
 from evdb.database import CHECKPOINTS, WORKING
 from evdb.database import open as open_database
 from evdb.errors import CorruptDataError, DatabaseLockedError, InvalidArgumentError
@@ -309,48 +310,69 @@ class _RootLock:
 # -- writing --------------------------------------------------------------------------------
 
 
-def _table_entry(t: Table) -> dict[str, Any]:
-    return {"dim": t.dim, "key_type": t.config.key_type, "ttl_steps": t.config.ttl_steps}
+def _table_entry(config: TableConfig) -> dict[str, Any]:
+    return {"dim": config.dim, "key_type": config.key_type, "ttl_steps": config.ttl_steps}
+
+
+RowChunks = Iterator[tuple[Int64Array, RecordBatch]]
+
+
+def live_chunks(t: Table) -> RowChunks:
+    """A table's live rows, a chunk of whole records at a time, from every tier."""
+    min_live = t._min_live()
+    for keys, records in t._chain.scan(_CHUNK_ROWS):
+        live = records.last_step >= min_live
+        if live.any():
+            yield keys[live], records.take(live)
 
 
 def _write_full(
     db: Database, tmp: Path, tables: dict[str, Table], entries: dict[str, Any]
 ) -> tuple[int, int]:
-    """A serving database of the live rows, each keeping its ``last_step`` (a TTL table's
-    rows expire on the server at the trainer's step); then only its checkpoint stays."""
+    """A serving database of the live rows of db's tables (see ``write_full_rows``)."""
+    sources = {name: (t.config, live_chunks(t)) for name, t in tables.items()}
+    return write_full_rows(tmp, db.step, sources, entries)
+
+
+def write_full_rows(
+    tmp: Path,
+    step: int,
+    sources: dict[str, tuple[TableConfig, RowChunks]],
+    entries: dict[str, Any],
+) -> tuple[int, int]:
+    """A serving database at tmp of the given live rows per table (a sharded database's
+    ranks each give theirs), each row keeping its ``last_step`` (a TTL table's rows expire on
+    the server at the trainer's step); then only its checkpoint stays. Returns (rows, 0)."""
     total = 0
     with open_database(tmp) as out:
-        out.advance(db.step)
-        for name, t in tables.items():
+        out.advance(step)
+        for name, (config, chunks) in sources.items():
             new = out.create_table(
                 name,
-                dim=t.dim,
-                key_type=t.config.key_type,
-                initializer=t.config.initializer,
-                default_value=t.config.default_value,
+                dim=config.dim,
+                key_type=config.key_type,
+                initializer=config.initializer,
+                default_value=config.default_value,
                 optimizer=SGD(),
-                ttl_steps=t.config.ttl_steps,
+                ttl_steps=config.ttl_steps,
                 dram_rows=_CHUNK_ROWS,
                 disk=DiskConfig(),
             )
-            min_live, rows = t._min_live(), 0
-            for keys, records in t._chain.scan(_CHUNK_ROWS):
-                live = records.last_step >= min_live
-                if not live.any():
-                    continue
-                m = int(np.count_nonzero(live))
+            rows = 0
+            for keys, records in chunks:
+                m = keys.shape[0]
                 copy = RecordBatch(
-                    values=np.ascontiguousarray(records.values[live]),
+                    values=np.ascontiguousarray(records.values),
                     slots=np.empty((m, 0), dtype=np.float32),
-                    freq=records.freq[live],
-                    last_step=records.last_step[live],
-                    version=records.version[live],
+                    freq=records.freq,
+                    last_step=records.last_step,
+                    version=records.version,
                 )
                 # Straight into the chain (upsert would stamp last_step = the step)
-                new._chain.create(np.ascontiguousarray(keys[live]), copy)
+                new._chain.create(np.ascontiguousarray(keys), copy)
                 new._chain.evict(out.step, new._min_live())
                 rows += m
-            entries[name] = {**_table_entry(t), "rows": rows, "removed": 0}
+            entries[name] = {**_table_entry(config), "rows": rows, "removed": 0}
             total += rows
     (tmp / "LOCK").unlink()
     shutil.rmtree(tmp / WORKING)
@@ -376,7 +398,11 @@ def _write_delta(tmp: Path, tables: dict[str, Table], entries: dict[str, Any]) -
             last_step=records.last_step.astype(np.int64),
             removed=gone.astype(np.int64),
         )
-        entries[name] = {**_table_entry(t), "rows": int(keys.shape[0]), "removed": len(gone)}
+        entries[name] = {
+            **_table_entry(t.config),
+            "rows": int(keys.shape[0]),
+            "removed": len(gone),
+        }
         total_rows += int(keys.shape[0])
         total_removed += len(gone)
     return total_rows, total_removed
