@@ -484,7 +484,8 @@ def install(app: FastAPI, settings: Settings, holder: SnapshotHolder) -> Followe
     )
     failures = PromCounter(
         "evdb_delta_failures",
-        "Publications refused (never applied), by reason: manifest, checksum, gap, head, read.",
+        "Publications refused (never applied), by reason: manifest, checksum, gap, head, read, "
+        "error.",
         ["reason"],
         registry=metrics.registry,
     )
@@ -502,7 +503,12 @@ def install(app: FastAPI, settings: Settings, holder: SnapshotHolder) -> Followe
     async def poll_forever() -> None:
         while True:
             await asyncio.sleep(interval * rng.uniform(0.8, 1.2))
-            await run_in_threadpool(follower.poll)
+            try:
+                await run_in_threadpool(follower.poll)
+            except Exception:  # a bug must not end the following: counted, logged, retried
+                follower.state.failures["error"] += 1
+                failures.labels("error").inc()
+                log.exception("polling %s failed; retrying on the next poll", follower.root)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
