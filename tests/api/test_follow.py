@@ -369,3 +369,41 @@ def test_no_answer_mixes_two_deltas_and_versions_never_go_back(following_server)
     seen = {seq for seq, _ in answers}
     print("answers", len(answers), "seqs seen", sorted(seen))
     assert len(seen) >= 3  # the deltas were applied while answering
+
+
+def test_str_tables_and_an_admin_reload_while_following(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    with evdb.open(tmp_path / "db") as db:
+        tok = db.create_table("tok", dim=2, key_type="str", keep_strings=True)
+        tok.upsert(["a", "b"], [[1.0, 1.0], [2.0, 2.0]])
+        db.publish(root)
+        evdb.export(db, tmp_path / "export")
+        settings = Settings(
+            follow_root=root, poll_interval_s=0.2, token="t", allow_roots=(tmp_path,)
+        )
+        with TestClient(create_app(settings)) as client:
+            tok.upsert(["b", "c"], [[5.0, 5.0], [6.0, 6.0]])
+            tok.delete(["a"])
+            db.publish(root)
+            client.app.state.follower.poll()
+
+            def lookup() -> httpx.Response:
+                return client.post("/v1/tables/tok/lookup", json={"keys": ["a", "b", "c"]})
+
+            r = lookup()
+            assert r.headers[VERSION_HEADER] == "2"
+            want = tok.lookup(["a", "b", "c"])
+            np.testing.assert_array_equal(np.array(r.json()["embeddings"], np.float32), want)
+            assert r.json()["found"] == [False, True, True]
+            reload = client.post(
+                "/v1/admin/reload",
+                json={"path": str(tmp_path / "export")},
+                headers={"authorization": "Bearer t"},
+            )
+            assert reload.status_code == 200
+            assert lookup().headers[VERSION_HEADER] != "2"  # the explicit way back
+            assert "evdb_admin_reloads_while_following 1.0" in client.get("/metrics").text
+            tok.upsert(["d"], [[7.0, 7.0]])
+            db.publish(root)
+            client.app.state.follower.poll()
+            assert lookup().headers[VERSION_HEADER] == "3"
