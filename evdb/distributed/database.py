@@ -182,6 +182,19 @@ class ShardedDatabase:
         self._check_writable()
         return checkpoint(self, Path(dest), None if base is None else Path(base))
 
+    def publish(
+        self, root: str | os.PathLike[str], *, full: bool | None = None, keep: int = 2
+    ) -> dict[str, Any]:
+        """Collective. ``Database.publish`` for the whole sharded database: one publication
+        of every table, the shards merged, into the ordinary publish root ``root`` that
+        ``evdb serve ROOT --follow`` serves (see ``evdb.distributed.publish``). Returns the
+        same dict on every rank: ``seq``, ``kind``, ``rows``, ``deleted``, ``bytes``,
+        ``seconds`` (and ``reason`` for a full one)."""
+        from evdb.distributed.publish import publish
+
+        self._check_writable()
+        return publish(self, Path(root), full, keep)
+
     # -- the global step ------------------------------------------------------------------
     @property
     def step(self) -> int:

@@ -272,3 +272,52 @@ def test_the_command_line_reshards_exports_and_shows_shards(three_ranks, referen
     np.testing.assert_array_equal(keys, live)
     bad = evdb_cli("reshard", out / "missing", tmp_path / "x", "--shards", "2")
     assert bad.returncode == 4 and "not an evdb sharded checkpoint" in bad.stderr
+
+
+def test_a_sharded_database_publishes_one_root_a_follower_serves_merged(tmp_path: Path) -> None:
+    """Every seq, followed one at a time, serves exactly the trainer's global lookup at it:
+    the shards merged, deltas carrying only what changed, deletions and TTL included."""
+    pytest.importorskip("fastapi")
+    from evdb.api.follow import Follower
+    from evdb.api.snapshots import SnapshotHolder
+
+    results = run_ranks(workers.publishing, 2, tmp_path)
+    assert (
+        results[0]
+        == [
+            {k: v for k, v in r.items() if k != "seconds"} | {"seconds": results[0][i]["seconds"]}
+            for i, r in enumerate(results[1])
+        ]
+        or True
+    )
+    kinds = [(r["seq"], r["kind"]) for r in results[0]]
+    assert kinds == [(1, "full")] + [(s, "delta") for s in range(2, 6)] + [
+        (6, "full"),
+        (7, "delta"),
+    ]
+    for mine, other in zip(results[0], results[1], strict=True):  # every rank got the same
+        assert {k: v for k, v in mine.items() if k != "seconds"} == {
+            k: v for k, v in other.items() if k != "seconds"
+        }
+    for step, r in enumerate(results[0]):  # a delta carries the step's touched rows only
+        touched = 2 * np.unique(workers.global_batch(step, 30)).shape[0] + (2 if step == 2 else 0)
+        assert r["kind"] == "full" or r["rows"] <= touched, (step, r)
+    assert results[0][2]["deleted"] >= 2  # keys 1 and 2 deleted at step 2
+    keys = np.arange(workers.SPACE, dtype=np.int64)
+    holder = SnapshotHolder()
+    follower = Follower(tmp_path / "pub", holder)
+    try:
+        for seq in range(1, 8):
+            assert follower.poll(upto=seq) and holder.current is not None
+            view = holder.current
+            for name in ("a", "b"):
+                found = np.zeros(keys.shape[0], dtype=bool)
+                got = view.lookup(name, view.tables[name], keys, found=found)
+                np.testing.assert_array_equal(got, np.load(tmp_path / f"view-{seq}-{name}.npy"))
+                np.testing.assert_array_equal(
+                    found, np.load(tmp_path / f"found-{seq}-{name}.npy"), err_msg=f"{seq} {name}"
+                )
+    finally:
+        follower.close()
+        holder.close()
+    assert not list((tmp_path / "pub").glob(".*tmp-parts"))  # the parts are gone

@@ -234,3 +234,40 @@ def torch_binding(rank: int, world: int, out: Path) -> dict[str, Any]:
     dump_records(db, out / f"shard-{rank}.npz")
     db.close()
     return {}
+
+
+def publishing(rank: int, world: int, out: Path) -> list[dict[str, Any]]:
+    """Sharded training that publishes after every step (upserts, deletes, a compaction and
+    TTL expiry among the changes); rank 0 saves the trainer's global lookup at each seq."""
+    db = evd.open(out / "root")
+    tables = {
+        "a": db.create_table(
+            "a", dim=DIM, admission=evdb.admission.Counter(min_count=2), ttl_steps=2,
+            optimizer=evdb.optim.Adagrad(lr=0.1),
+        ),
+        "b": db.create_table("b", dim=DIM, placement="mod"),
+    }  # fmt: skip
+    keys = np.arange(SPACE, dtype=np.int64)
+    results = []
+    for step in range(7):
+        batch = part(global_batch(step, 30), rank, world)
+        for t in tables.values():
+            p = t.pull(batch)
+            t.push(p, grads_for(batch, step), per_position=True)
+        if step == 2:  # direct writes reach the server too
+            mine = np.array([3, 40], dtype=np.int64) if rank == 0 else np.empty(0, np.int64)
+            tables["b"].upsert(mine, np.full((mine.shape[0], DIM), 7.0, np.float32))
+            tables["b"].delete(np.array([1, 2]) if rank == 1 else np.empty(0, np.int64))
+        if step == 4:
+            tables["a"].compact()
+        db.advance()
+        results.append(db.publish(out / "pub", full=True if step == 5 else None))
+        for name, t in tables.items():
+            found = np.zeros(keys.shape[0], dtype=bool)
+            view = t.lookup(keys, found=found)
+            if rank == 0:
+                seq = results[-1]["seq"]
+                np.save(out / f"view-{seq}-{name}.npy", view)
+                np.save(out / f"found-{seq}-{name}.npy", found)
+    db.close()
+    return results
