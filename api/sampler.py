@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import math
 import time
 from collections import deque
@@ -29,6 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 if TYPE_CHECKING:
     from .metrics import Metrics
     from .snapshots import SnapshotHolder
+
+log = logging.getLogger("evdb.api")
 
 # The routes whose requests are lookups (what the request-rate and latency series count).
 LOOKUP_ENDPOINTS = frozenset(
@@ -159,9 +162,12 @@ class Sampler:
         """Sample until cancelled. On the event loop: handlers do their table work without
         awaiting, so a sample never reads a table while a request uses it."""
         while True:
-            self.tick()
-            if self.after_tick is not None:
-                await self.after_tick()
+            try:
+                self.tick()
+                if self.after_tick is not None:
+                    await self.after_tick()
+            except Exception:  # a snapshot closed under a read, say: the next tick goes on
+                log.exception("dashboard sampler: a tick failed")
             await asyncio.sleep(self.interval_s)
 
     @contextlib.asynccontextmanager

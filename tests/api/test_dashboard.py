@@ -293,3 +293,20 @@ def test_following_neighbours_see_the_newest_publication(tmp_path: Path) -> None
                 assert got["keys"] == want[0].tolist()
                 np.testing.assert_allclose(got["scores"], want[1], rtol=1e-5, atol=1e-6)
             assert before[0] not in ask({"key": 7})["keys"]
+
+
+def test_a_failed_tick_does_not_stop_the_sampler(database: Path) -> None:
+    with client_for(database, sample_interval_s=0.02) as c:
+        sampler = c.app.state.sampler
+        calls = []
+
+        async def broken() -> None:
+            calls.append(1)
+            raise RuntimeError("a table closed under the sample")
+
+        sampler.after_tick = broken
+        deadline = time.monotonic() + 30
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(calls) >= 3  # it went on ticking after the first failure
+        assert c.get("/v1/dashboard/series").status_code == 200
