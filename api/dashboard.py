@@ -30,7 +30,10 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 import evdb
+from evdb import publish
+from evdb.kernels.hashing import mix64_np
 from evdb.sampling import RowSample, sample_rows, sample_steps
+from evdb.tiers.scoring import min_live_step
 
 from .codec import JSON, ApiError, dumps
 from .deps import settings_of, table_of, use_snapshot
@@ -168,27 +171,40 @@ class TableView:
 
 
 class Views:
-    """Each table's sampled figures, computed once per snapshot: ahead of time by
-    :meth:`warm` (the sampler runs it after each tick), or by the first request that needs
-    them before that."""
+    """Each table's sampled figures, computed once per snapshot or publication: ahead of time
+    by :meth:`warm` (the sampler runs it after each tick), or by the first request that needs
+    them before that.
+
+    The row sample itself is kept per database: following a publish root, the publications
+    built on one full snapshot share its database, so each of them only merges its overlay
+    (the rows changed since the full, a small sorted set) into the full's sample instead of
+    scanning the full again.
+    """
 
     def __init__(self, holder: SnapshotHolder) -> None:
         self.holder = holder
         self._snap: Snapshot | None = None
         self._views: dict[str, TableView] = {}
+        self._db: evdb.Database | None = None
+        self._samples: dict[str, RowSample] = {}
 
     def get(self, snap: Snapshot, name: str) -> TableView:
         self._forget_old(snap)
         view = self._views.get(name)
         if view is None:
             table = table_of(snap, name)
-            sample = sample_rows(table, SAMPLE_ROWS)
-            view = self._views[name] = self._compute(table, name, sample)
+            sample = self._samples.get(name)
+            if sample is None:
+                _at_view_step(snap)
+                sample = self._samples[name] = sample_rows(table, SAMPLE_ROWS)
+            view = self._views[name] = _compute(snap, table, name, sample)
         return view
 
     def _forget_old(self, snap: Snapshot) -> None:
         if snap is not self._snap:
             self._snap, self._views = snap, {}
+        if snap.db is not self._db:
+            self._db, self._samples = snap.db, {}
 
     async def warm(self) -> None:
         """Sample the current snapshot's tables that have no figures yet, giving the event
@@ -202,38 +218,75 @@ class Views:
             for name, table in list(snap.tables.items()):
                 if name in self._views:
                     continue
-                sample = None
-                for step in sample_steps(table, SAMPLE_ROWS):
-                    sample = step  # None until the scan's end
-                    await asyncio.sleep(0)
-                    if self.holder.current is not snap or name in self._views:
-                        return  # a reload meanwhile, or a request computed it: start again
-                assert sample is not None
-                self._views[name] = self._compute(table, name, sample)
+                sample = self._samples.get(name)
+                if sample is None:
+                    _at_view_step(snap)
+                    for step in sample_steps(table, SAMPLE_ROWS):
+                        sample = step  # None until the scan's end
+                        await asyncio.sleep(0)
+                        if self.holder.current is not snap or name in self._views:
+                            return  # a reload meanwhile, or a request computed it: again
+                        _at_view_step(snap)  # others' requests set the step between chunks
+                    assert sample is not None
+                    self._samples[name] = sample
+                self._views[name] = _compute(snap, table, name, sample)
         finally:
             self.holder.release(snap)
 
-    @staticmethod
-    def _compute(table: evdb.Table, name: str, sample: RowSample) -> TableView:
-        freq = rank_frequency(sample.freq)
-        dist = {
-            "table": name,
-            "sample_rows": int(sample.keys.shape[0]),
-            "rows": sample.total,
-            "frequency": freq,
-            "counted": bool(np.any(sample.freq > 0)),
-            "age": age_histogram(sample, table.config.ttl_steps),
-        }
-        head = slice(0, PROJECTED_ROWS)
-        xy, share = pca_2d(sample.values[head])
-        proj = {
-            "table": name,
-            "x": xy[:, 0].round(5).tolist(),
-            "y": xy[:, 1].round(5).tolist(),
-            "labels": _labels(table, sample.keys[head]),
-            "explained": share,
-        }
-        return TableView(dist, proj)
+
+def _at_view_step(snap: Snapshot) -> None:
+    """Following a publish root, the publications built on one full share its database, each
+    at its own step: set the step of this one before reading rows (TTL verdicts)."""
+    if hasattr(snap, "overlays"):
+        publish.serve_at(snap.db, snap.info()["step"])
+
+
+def _with_overlay(snap: Snapshot, name: str, table: evdb.Table, sample: RowSample) -> RowSample:
+    """The sample as of this snapshot: rows expired at its step leave; following a publish
+    root, the rows the publication's overlay replaces or removes leave and its live rows join
+    (a delta carries no pull counts: they count 0), and the lowest priorities are kept."""
+    step = int(snap.info()["step"])
+    min_live = min_live_step(step, table.config.ttl_steps)
+    keep = sample.last_step >= min_live
+    keys, values = sample.keys[keep], sample.values[keep]
+    freq, last, total = sample.freq[keep], sample.last_step[keep], sample.total
+    overlay = getattr(snap, "overlays", {}).get(name)
+    if overlay is not None and overlay.n_rows:
+        at = np.searchsorted(overlay.keys, keys).clip(max=overlay.n_rows - 1)
+        mine = overlay.keys[at] != keys
+        live = ~overlay.removed & (overlay.last_step >= min_live)
+        _at_view_step(snap)
+        total += int(np.count_nonzero(live)) - int(np.count_nonzero(table.contains(overlay.keys)))
+        keys = np.concatenate([keys[mine], overlay.keys[live]])
+        values = np.concatenate([values[mine], overlay.values[live]])
+        freq = np.concatenate([freq[mine], np.zeros(int(np.count_nonzero(live)), np.int64)])
+        last = np.concatenate([last[mine], overlay.last_step[live]])
+        order = np.argsort(mix64_np(keys.view(np.uint64)), kind="stable")[:SAMPLE_ROWS]
+        keys, values, freq, last = keys[order], values[order], freq[order], last[order]
+    return RowSample(keys, values, freq, last, step, max(total, int(keys.shape[0])))
+
+
+def _compute(snap: Snapshot, table: evdb.Table, name: str, base: RowSample) -> TableView:
+    sample = _with_overlay(snap, name, table, base)
+    freq = rank_frequency(sample.freq)
+    dist = {
+        "table": name,
+        "sample_rows": int(sample.keys.shape[0]),
+        "rows": sample.total,
+        "frequency": freq,
+        "counted": bool(np.any(sample.freq > 0)),
+        "age": age_histogram(sample, table.config.ttl_steps),
+    }
+    head = slice(0, PROJECTED_ROWS)
+    xy, share = pca_2d(sample.values[head])
+    proj = {
+        "table": name,
+        "x": xy[:, 0].round(5).tolist(),
+        "y": xy[:, 1].round(5).tolist(),
+        "labels": _labels(table, sample.keys[head]),
+        "explained": share,
+    }
+    return TableView(dist, proj)
 
 
 def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:

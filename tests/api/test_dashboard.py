@@ -310,3 +310,32 @@ def test_a_failed_tick_does_not_stop_the_sampler(database: Path) -> None:
             time.sleep(0.02)
         assert len(calls) >= 3  # it went on ticking after the first failure
         assert c.get("/v1/dashboard/series").status_code == 200
+
+
+def test_following_the_figures_take_each_publication_without_a_new_scan(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    rng = np.random.default_rng(4)
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=4, ttl_steps=100)
+        t.upsert(np.arange(300), rng.normal(size=(300, 4)).astype(np.float32))
+        db.publish(root, full=True)
+        with TestClient(create_app(Settings(follow_root=root, poll_interval_s=0.1))) as c:
+            first = c.get("/v1/dashboard/tables/item/distributions").json()
+            assert first["rows"] == 300 and first["age"]["counts"][0] == 300
+            views = c.app.state.views
+            base = views._samples["item"]
+            db.advance(100)
+            t.upsert(np.arange(1000, 1100), rng.normal(size=(100, 4)).astype(np.float32))
+            t.delete(np.arange(50))
+            assert db.publish(root)["kind"] == "delta"
+            deadline = time.monotonic() + 30
+            while c.get("/v1/dashboard/summary").json()["server"].get("seq") != 2:
+                assert time.monotonic() < deadline, "the follower did not apply seq 2"
+                time.sleep(0.1)
+            d = c.get("/v1/dashboard/tables/item/distributions").json()
+            assert views._samples["item"] is base  # the full was not scanned again
+            assert d["rows"] == len(t) == 350
+            counts = d["age"]["counts"]
+            assert counts[0] == 100 and counts[-1] == 250 and sum(counts) == 350
+            labels = set(c.get("/v1/dashboard/tables/item/projection").json()["labels"])
+            assert {"1000", "1099"} <= labels and not labels & {"0", "49"}
