@@ -9,6 +9,16 @@ into the running top-k, which is ordered by score and then by key.
 
 ``Table`` keeps the public method and its documentation; :func:`neighbors` is its body and
 :func:`neighbors_reference` the plain specification the tests compare it against.
+
+Examples
+--------
+>>> import tempfile, evdb
+>>> with evdb.open(tempfile.mkdtemp()) as db:
+...     t = db.create_table("w", dim=2, key_type="str", keep_strings=True, disk=False)
+...     t.upsert(["cat", "dog", "car"], [[1.0, 0.1], [0.9, 0.2], [0.0, 1.0]])
+...     keys, scores = t.neighbors("cat", k=2, as_strings=True)   # "cat" itself is left out
+...     keys, [round(float(s), 3) for s in scores]
+(['dog', 'car'], [0.993, 0.1])
 """
 
 from __future__ import annotations
