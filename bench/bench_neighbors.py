@@ -11,7 +11,7 @@ std 0.05; random int64 keys; ``--queries`` random query vectors, the same for ev
   by score then key. Both answers are compared (same keys, or the bench stops).
 * mostly on disk: the same rows in a table whose DRAM tier holds ``--disk-dram`` of them
   (``disk=True``; filled, then ``db.flush()``), so the scan reads the rest from RocksDB a
-  chunk of 65,536 rows at a time: rows/s.
+  chunk of 16,384 rows at a time: rows/s.
 
 In memory, numpy and evdb take turns on each query, ``--rounds`` times over the queries,
 after one untimed warm-up call each; the figures are the medians of the calls, and the ratio is

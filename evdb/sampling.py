@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RowSample", "sample_rows", "sample_steps"]
 
-_CHUNK_ROWS = 65536
+_CHUNK_ROWS = 16384  # as evdb.neighbors reads disk rows: memory stays small per chunk
 
 
 @dataclass(frozen=True)

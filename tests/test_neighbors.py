@@ -154,3 +154,27 @@ def test_glove_neighbours_are_sensible_and_equal_brute_force(db) -> None:
         want = np.argsort(-sims, kind="stable")[:10]
         assert got == [words[i] for i in want]
         np.testing.assert_allclose(scores, sims[want], rtol=1e-5)
+
+
+def test_memory_stays_at_a_chunk_whatever_the_table_size(tmp_path: Path) -> None:
+    """The scan streams: a table four times larger peaks at about the same memory (numpy's
+    and the RocksDB tier's allocations, as tracemalloc sees them), below its values' bytes."""
+    import tracemalloc
+
+    peaks = []
+    for n in (60_000, 240_000):
+        with evdb.open(tmp_path / f"db{n}") as db:
+            t = db.create_table("t", dim=32, dram_rows=2000)
+            rng = np.random.default_rng(n)
+            for start in range(0, n, 30_000):
+                t.upsert(np.arange(start, start + 30_000), rng.normal(size=(30_000, 32)))
+            db.flush()
+            t.neighbors(np.ones(32), 10)  # first call: one-off allocations out of the way
+            tracemalloc.start()
+            try:
+                t.neighbors(np.ones(32), 10)
+                peaks.append(tracemalloc.get_traced_memory()[1])
+            finally:
+                tracemalloc.stop()
+    assert peaks[1] < 1.5 * peaks[0], peaks
+    assert peaks[1] < 240_000 * 32 * 4, peaks
