@@ -5,14 +5,17 @@ placement. A sharded table keeps ``Table``'s contract with collectives where it 
 occurrence counts go to their owners, rows come back, gradients go to the owners, which apply
 the optimizer once, so N ranks equal one process on the same global batch.
 
->>> import torch.distributed as dist, evdb                  # doctest: +SKIP
->>> from evdb import distributed as evd
->>> dist.init_process_group("gloo")                         # torchrun sets rank, world size
->>> db = evd.open(root)                                     # collective
->>> t = db.create_table("item", dim=16, optimizer=evdb.optim.Adagrad(lr=0.1))
->>> p = t.pull(keys)                                        # this rank's batch
->>> t.push(p, p.combine_backward(grad_out, offsets, combiner="sum"))
->>> db.advance(); db.checkpoint(dest); db.close()
+::
+
+    import torch.distributed as dist, evdb
+    from evdb import distributed as evd
+
+    dist.init_process_group("gloo")          # torchrun sets rank and world size
+    db = evd.open(root)                      # collective
+    t = db.create_table("item", dim=16, optimizer=evdb.optim.Adagrad(lr=0.1))
+    p = t.pull(keys)                         # this rank's batch
+    t.push(p, p.combine_backward(grad_out, offsets, combiner="sum"))
+    db.advance(); db.checkpoint(dest); db.close()
 
 The offline parts (``reshard``, the merged ``export``, ``info``, ``Placement``) need no
 process group, and no torch.
