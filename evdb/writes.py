@@ -117,5 +117,6 @@ def restore_records(table: Table, keys: Int64Array, records: RecordBatch) -> Non
             f"{table.name!r}, which has no lower tier to spill to"
         )
     table._chain.create(keys, records)
+    table._changes.touched(keys)  # new rows: the next publication carries them
     table._version = max(table._version, int(records.version.max()))
     table._chain.evict(table._db.step, table._min_live())
