@@ -366,6 +366,21 @@ def test_no_answer_mixes_two_deltas_and_versions_never_go_back(following_server)
         assert seqs == sorted(seqs), "a worker's version went back"
     for seq, rows in answers:
         assert np.unique(rows).tolist() == [epochs[seq]], f"seq {seq} mixes epochs"
+    final = max(epochs)
+    # connections open at once spread over the workers: each one's worker reaches HEAD
+    clients = [httpx.Client(base_url=url, timeout=10) for _ in range(6)]
+    try:
+        for c in clients:
+            wait_for(
+                lambda c=c: (
+                    c.post("/v1/tables/item/lookup", json={"keys": [0]}).headers[VERSION_HEADER]
+                    == str(final)
+                ),
+                10,
+            )
+    finally:
+        for c in clients:
+            c.close()
     seen = {seq for seq, _ in answers}
     print("answers", len(answers), "seqs seen", sorted(seen))
     assert len(seen) >= 3  # the deltas were applied while answering
@@ -407,3 +422,22 @@ def test_str_tables_and_an_admin_reload_while_following(tmp_path: Path) -> None:
             db.publish(root)
             client.app.state.follower.poll()
             assert lookup().headers[VERSION_HEADER] == "3"
+
+
+def test_a_follower_left_behind_by_retention_loads_the_newest_full(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=2)
+        t.upsert([1], [[1.0, 1.0]])
+        db.publish(root, keep=1)
+        f, holder = follower(root)
+        assert f.poll()
+        for i, full in enumerate([False, True, False, True, False]):
+            t.upsert([1], [[float(i), 0.0]])
+            db.publish(root, full=full, keep=1)
+        assert _publish.list_publications(root) == [5, 6]  # seq 1, the follower's, is gone
+        assert f.poll() and f.state.applied_seq == 6
+        values, _, seq = served(holder, "item", np.array([1]))
+        assert seq == 6 and values.tolist() == [[4.0, 0.0]]
+        f.close()
+        holder.close()
