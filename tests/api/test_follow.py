@@ -131,7 +131,13 @@ def _assert_equal_to_trainer(db: evdb.Database, holder: SnapshotHolder) -> None:
         np.testing.assert_array_equal(bags, t.lookup(keys, offsets, weights, "sqrtn"))
 
 
-def test_followed_and_restarted_servers_equal_the_trainer_bit_for_bit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recent_rows", [65536, 8], ids=["one-layer", "folding"])
+def test_followed_and_restarted_servers_equal_the_trainer_bit_for_bit(
+    tmp_path: Path, monkeypatch, recent_rows: int
+) -> None:
+    from evdb.api import follow
+
+    monkeypatch.setattr(follow, "_RECENT_ROWS", recent_rows)  # 8: the recent layer folds often
     root = tmp_path / "pub"
     rng = np.random.default_rng(1)
     with evdb.open(tmp_path / "db") as db:
@@ -144,6 +150,8 @@ def test_followed_and_restarted_servers_equal_the_trainer_bit_for_bit(tmp_path: 
             assert live.poll() and live.state.applied_seq == seqs[-1]
             _assert_equal_to_trainer(db, live_holder)
         assert live.state.overlay_rows > 0
+        folded = any(older.n_rows for older, _ in live._overlays.values())
+        assert folded == (recent_rows == 8)
         # a server started now (or restarted: killed, nothing kept) loads the newest full and
         # replays the deltas after it
         fresh, fresh_holder = follower(root)
