@@ -119,6 +119,8 @@ class _State:
 
 
 def publication_dir(root: Path, seq: int) -> Path:
+    """The directory of publication ``seq`` under the publish root (12 digits: names sort
+    as seqs)."""
     return root / f"{seq:012d}"
 
 
