@@ -296,6 +296,36 @@ def test_cli_follow_options(tmp_path: Path) -> None:
 N_ROWS = 10_000
 
 
+def start_server(root: Path, workers: int) -> tuple[subprocess.Popen, str]:
+    """``evdb serve ROOT --follow`` on a free loopback port, once /readyz answers 200."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "evdb", "serve", str(root), "--follow", "--port", str(port)]
+    cmd += ["--workers", str(workers), "--poll-interval", "0.2", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"evdb serve did not start: {proc.communicate()[0][-2000:]}")
+        time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    assert proc.returncode == 0, out[-2000:]
+
+
 @pytest.fixture
 def following_server(tmp_path: Path):
     root = tmp_path / "pub"
@@ -303,31 +333,46 @@ def following_server(tmp_path: Path):
     t = db.create_table("item", dim=4, dram_rows=2 * N_ROWS)
     t.upsert(np.arange(N_ROWS), np.zeros((N_ROWS, 4), np.float32))  # epoch 0 at seq 1
     db.publish(root)
-    port = free_port()
-    cmd = [sys.executable, "-m", "evdb", "serve", str(root), "--follow", "--port", str(port)]
-    cmd += ["--workers", "2", "--poll-interval", "0.2", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"evdb serve did not start: {proc.communicate()[0][-2000:]}")
-        time.sleep(0.2)
+    proc, url = start_server(root, workers=2)
     yield url, db, t, root
-    proc.send_signal(signal.SIGINT)
-    try:
-        out, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
     db.close()
-    assert proc.returncode == 0, out[-2000:]
+    stop_server(proc)
+
+
+def octet_lookup(url: str, table: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, str]:
+    r = httpx.post(
+        f"{url}/v1/tables/{table}/lookup",
+        content=keys.astype(np.int64).tobytes(),
+        headers={"content-type": "application/octet-stream", "accept": "application/octet-stream"},
+        timeout=10,
+    )
+    assert r.status_code == 200
+    return np.frombuffer(r.content, np.float32).reshape(-1, dim), r.headers[VERSION_HEADER]
+
+
+def test_a_killed_and_restarted_server_equals_the_trainer(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    rng = np.random.default_rng(3)
+    keys = np.arange(-5, 420, dtype=np.int64)
+    with evdb.open(tmp_path / "db") as db:
+        _make_tables(db)
+        db.publish(root)
+        proc, url = start_server(root, workers=1)
+        try:
+            seqs = _train(db, root, rng, 8)  # a full among them (round 5), deltas after it
+            wait_for(lambda: octet_lookup(url, "big", keys, 4)[1] == str(seqs[-1]), 10)
+        finally:
+            proc.kill()  # SIGKILL: nothing is flushed or handed over
+            proc.communicate()
+        seqs += _train(db, root, rng, 2)  # published while no server runs
+        proc, url = start_server(root, workers=1)
+        try:
+            for name, dim in (("ttl", 3), ("mem", 2), ("big", 4)):
+                values, version = octet_lookup(url, name, keys, dim)
+                assert version == str(seqs[-1])
+                np.testing.assert_array_equal(values, db.table(name).lookup(keys))
+        finally:
+            stop_server(proc)
 
 
 def test_no_answer_mixes_two_deltas_and_versions_never_go_back(following_server) -> None:
