@@ -8,7 +8,8 @@ changed, never a scan of the table.
 
 The logs record nothing until a publication starts them (a database that never publishes
 pays one attribute test per write). They are bounded: appends go to a list of arrays, which is
-deduplicated when it passes the bound; if the distinct keys still exceed it, the log is
+deduplicated when it passes the bound (and twice its last distinct count: at most 2x the bound
+is held); if the distinct keys still exceed it, the log is
 dropped and marked ``overflowed``, which makes the next publication a full one. Every
 overflow and every key dropped with it is counted (``stats``). A log is emptied only after a
 publication is durable (``clear``): a failed publication leaves it whole for the next try.
@@ -32,7 +33,8 @@ class _KeyLog:
 
     def __init__(self) -> None:
         self.parts: list[Int64Array] = []
-        self.n = 0  # keys appended since the last dedup (an upper bound of the distinct ones)
+        self.n = 0  # keys held (an upper bound of the distinct ones)
+        self.distinct_n = 0  # distinct keys at the last dedup
 
     def append(self, keys: Int64Array) -> None:
         self.parts.append(np.array(keys, dtype=np.int64, copy=True))  # callers reuse buffers
@@ -42,11 +44,11 @@ class _KeyLog:
         if not self.parts:
             return np.empty(0, dtype=np.int64)
         keys = np.unique(np.concatenate(self.parts))
-        self.parts, self.n = [keys], keys.shape[0]
+        self.parts, self.n, self.distinct_n = [keys], keys.shape[0], keys.shape[0]
         return keys
 
     def clear(self) -> None:
-        self.parts, self.n = [], 0
+        self.parts, self.n, self.distinct_n = [], 0, 0
 
 
 class ChangeLog:
@@ -65,7 +67,7 @@ class ChangeLog:
     >>> log.start(); log.touched(np.array([3, 3, 5])); log.removed(np.array([2]))
     >>> log.pending()[0].tolist(), log.pending()[1].tolist()
     ([3, 5], [2])
-    >>> log.touched(np.arange(10, 20)); log.overflowed, log.stats()["overflows"]
+    >>> log.touched(np.arange(10, 20)); log.settle(); log.overflowed, log.stats()["overflows"]
     (True, 1)
     """
 
@@ -100,7 +102,11 @@ class ChangeLog:
             self._check(self._removed)
 
     def _check(self, log: _KeyLog) -> None:
-        if log.n <= self.max_keys or log.distinct().shape[0] <= self.max_keys:
+        # Deduplicate once the log holds twice what it held distinct at its last dedup (and
+        # more than max_keys): amortised, however close to the bound the distinct keys are.
+        if log.n <= max(self.max_keys, 2 * log.distinct_n):
+            return
+        if log.distinct().shape[0] <= self.max_keys:
             return
         # Too many distinct keys to publish as a delta: the next publication is a full one,
         # so what is dropped here is counted, not lost.
@@ -109,6 +115,14 @@ class ChangeLog:
         self.overflowed = True
         self._touched.clear()
         self._removed.clear()
+
+    def settle(self) -> None:
+        """Check the bound now (appends check it lazily): overflow if either log holds more
+        than ``max_keys`` distinct keys. A publication calls it first."""
+        for log in (self._touched, self._removed):
+            if self.active and not self.overflowed and log.n > self.max_keys:
+                log.distinct_n = 0  # force the dedup
+                self._check(log)
 
     def pending(self) -> tuple[Int64Array, Int64Array]:
         """(touched (m,), removed (r,)): distinct, sorted int64 keys; the log is unchanged."""

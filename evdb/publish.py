@@ -250,6 +250,8 @@ def _full_reason(
     now = {n: t._uid for n, t in tables.items()}
     if now != state.tables:
         return "tables created or dropped since the last publication"
+    for t in tables.values():
+        t._changes.settle()
     overflowed = sorted(n for n, t in tables.items() if t._changes.overflowed)
     if overflowed:
         return f"the change log of {overflowed} overflowed (see stats()['changelog'])"

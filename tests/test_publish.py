@@ -140,11 +140,11 @@ def test_an_overflowing_log_makes_the_next_publication_full_and_counts(tmp_path:
         t.upsert(np.arange(40), np.ones((40, 2), np.float32))
         t.upsert(np.arange(40), np.ones((40, 2), np.float32))  # duplicates do not overflow
         assert not t._changes.overflowed
-        t.upsert(np.arange(40, 60), np.ones((20, 2), np.float32))
-        log = t.stats()["changelog"]
-        assert log["overflowed"] and log["overflows"] == 1 and log["dropped_keys"] == 60
+        t.upsert(np.arange(40, 60), np.ones((20, 2), np.float32))  # 60 distinct: over 50
         with pytest.raises(evdb.InvalidArgumentError, match="overflowed"):
             db.publish(root, full=False)
+        log = t.stats()["changelog"]
+        assert log["overflowed"] and log["overflows"] == 1 and log["dropped_keys"] == 60
         result = db.publish(root)
         assert result["kind"] == "full" and "overflowed" in result["reason"]
         assert result["rows"] == 60
