@@ -181,7 +181,20 @@ class FollowSnapshot(Snapshot):
     base: _Base | None = None
     step: int = 0
     published: float = 0.0
-    overlays: dict[str, tuple[Overlay, Overlay]] = field(default_factory=dict)  # older, recent
+    layers: dict[str, tuple[Overlay, Overlay]] = field(default_factory=dict)  # older, recent
+    _merged: dict[str, Overlay] | None = field(default=None, repr=False)
+
+    @property
+    def overlays(self) -> dict[str, Overlay]:
+        """Each table's overlay as one layer (the recent merged over the older), built on
+        first use and kept with the view: for readers that scan the rows changed since the
+        full (the dashboard's sample, neighbours); lookups read the layers as they are."""
+        if self._merged is None:
+            self._merged = {
+                name: older.merged([recent.as_delta()]) if recent.n_rows else older
+                for name, (older, recent) in self.layers.items()
+            }
+        return self._merged
 
     def close(self) -> None:
         if self.base is not None:
@@ -205,7 +218,7 @@ class FollowSnapshot(Snapshot):
         """``Table.lookup`` as the trainer's at this seq: the snapshot's rows at this view's
         step, with the overlays' rows and tombstones over them (a newer layer over an older)."""
         _publish.serve_at(self.db, self.step)  # views share the database; each has its step
-        layers = [o for o in self.overlays.get(name, ()) if o.n_rows]
+        layers = [o for o in self.layers.get(name, ()) if o.n_rows]
         if not layers:
             return table.lookup(keys, offsets, weights, combiner, promote=promote, found=found)
         k = normalize_keys(keys, table.config.key_type)
@@ -396,7 +409,7 @@ class Follower:
             base=base.acquire(),
             step=step,
             published=published or 0.0,
-            overlays=merged,
+            layers=merged,
         )
         if new_base is not None and self._base is not None:
             self._base.release()  # the views on the old full keep it open until they end
