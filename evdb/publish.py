@@ -62,7 +62,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,86 +149,143 @@ def publish(
     keep: int = DEFAULT_KEEP,
 ) -> dict[str, Any]:
     """``Database.publish`` (see there)."""
-    if full not in (None, True, False):
-        raise InvalidArgumentError(f"full must be None, True or False, got {full!r}")
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise InvalidArgumentError(f"keep must be an int >= 1, got {keep!r}")
+    check_arguments(full, keep)
     start = time.perf_counter()
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     with _RootLock(root):
         head = read_head(root)
-        seq = 1 if head is None else int(head["seq"]) + 1
-        for stale in root.iterdir():  # built by a publish that crashed, never made visible
-            if stale.name.startswith(".") and ".tmp-" in stale.name:
-                shutil.rmtree(stale, ignore_errors=True)
-            elif _SEQ.fullmatch(stale.name) and int(stale.name) >= seq:
-                shutil.rmtree(stale, ignore_errors=True)
+        clear_stale(root, head)
         tables = {name: db.table(name) for name in db.tables()}
         reason = _full_reason(db, root, head, tables, full)
         if reason is not None and full is False:
             raise InvalidArgumentError(f"full=False, but a delta cannot be exact here: {reason}")
         state = db._publication
-        parent_digest = None
-        if head is not None:
-            parent = publication_dir(root, int(head["seq"])) / _checkpoint.MANIFEST
-            parent_digest = _checkpoint.file_digest(parent) if parent.exists() else None
-        dest = publication_dir(root, seq)
-        tmp = root / f".{dest.name}.tmp-{os.getpid()}"
-        entry: dict[str, Any] = {
-            "seq": seq,
-            "kind": "full" if reason is not None else "delta",
-            "parent": None if head is None else int(head["seq"]),
-            "parent_manifest": parent_digest,
-            "full": seq,
-            "step": db.step,
-            "tables": {},
-        }
-        try:
-            if reason is not None:
-                rows, removed = _write_full(db, tmp, tables, entry["tables"])
-            else:
-                assert state is not None
-                entry["full"] = state.full
+        if reason is not None:
+            written = write_publication(
+                root, head, None, db.step, lambda tmp, e: _write_full(db, tmp, tables, e)
+            )
+        else:
+            assert state is not None
+
+            def delta(tmp: Path, entries: dict[str, Any]) -> tuple[int, int]:
                 tmp.mkdir()
-                rows, removed = _write_delta(tmp, tables, entry["tables"])
-            entry["published"] = time.time()
-            manifest: dict[str, Any] = {
-                "format": _checkpoint.FORMAT,
-                "kind": f"publish-{entry['kind']}",
-                "created": entry["published"],
-                "step": db.step,
-                "publication": entry,
-            }
-            _checkpoint._finish(tmp, dest, manifest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        digest = _checkpoint.file_digest(dest / _checkpoint.MANIFEST)
-        _write_head(root, {"format": FORMAT, "seq": seq, "full": entry["full"]}, entry)
+                return _write_delta(tmp, tables, entries)
+
+            written = write_publication(root, head, state.full, db.step, delta)
         # Durable and visible: only now may the logs forget what this publication carries.
         for t in tables.values():
             if reason is not None:
                 t._changes.start()
             else:
                 t._changes.clear()
-        since = 0 if reason is not None else (state.rows_since_full if state else 0) + rows
+        since = 0 if reason is not None else (state.rows_since_full if state else 0)
         db._publication = _State(
-            root, seq, digest, entry["full"], since, {n: t._uid for n, t in tables.items()}
+            root,
+            written.seq,
+            written.digest,
+            written.full,
+            since + (0 if reason is not None else written.rows),
+            {n: t._uid for n, t in tables.items()},
         )
-        _retain(root, seq, keep)
-    n_bytes = sum(int(f["size"]) for f in manifest["files"].values())
-    result = {
+        _retain(root, written.seq, keep)
+    return written.result(time.perf_counter() - start, reason)
+
+
+def check_arguments(full: Any, keep: Any) -> None:
+    """``publish``'s options, checked before anything is written."""
+    if full not in (None, True, False):
+        raise InvalidArgumentError(f"full must be None, True or False, got {full!r}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise InvalidArgumentError(f"keep must be an int >= 1, got {keep!r}")
+
+
+def clear_stale(root: Path, head: dict[str, Any] | None) -> None:
+    """Remove what publications that crashed left: temporary directories, and seq
+    directories at or past the next seq (renamed into place, but HEAD never moved)."""
+    seq = 1 if head is None else int(head["seq"]) + 1
+    for stale in root.iterdir():
+        if stale.name.startswith(".") and ".tmp-" in stale.name:
+            shutil.rmtree(stale, ignore_errors=True)
+        elif _SEQ.fullmatch(stale.name) and int(stale.name) >= seq:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What ``write_publication`` wrote."""
+
+    seq: int
+    kind: str
+    full: int  # the seq of the full publication it chains to (itself for a full)
+    rows: int
+    removed: int
+    bytes: int
+    digest: str  # xxh3-128 of its MANIFEST.json
+
+    def result(self, seconds: float, reason: str | None) -> dict[str, Any]:
+        """``publish``'s answer."""
+        out: dict[str, Any] = {
+            "seq": self.seq,
+            "kind": self.kind,
+            "rows": self.rows,
+            "deleted": self.removed,
+            "bytes": self.bytes,
+            "seconds": seconds,
+        }
+        if reason is not None:
+            out["reason"] = reason
+        return out
+
+
+def write_publication(
+    root: Path,
+    head: dict[str, Any] | None,
+    full: int | None,
+    step: int,
+    write: Callable[[Path, dict[str, Any]], tuple[int, int]],
+    extra: dict[str, Any] | None = None,
+) -> Written:
+    """Publication HEAD + 1, made visible: ``write(tmp, entries)`` builds its body in the
+    temporary directory tmp (creating it) and fills ``entries`` per table, returning (rows,
+    removed); a full one when ``full`` is None, else a delta chained to the full seq ``full``.
+    Then it is checksummed, fsynced and renamed into place, and HEAD is replaced. The caller
+    holds the root's lock. ``extra`` adds entries to the manifest's ``publication``."""
+    seq = 1 if head is None else int(head["seq"]) + 1
+    parent_digest = None
+    if head is not None:
+        parent = publication_dir(root, int(head["seq"])) / _checkpoint.MANIFEST
+        parent_digest = _checkpoint.file_digest(parent) if parent.exists() else None
+    dest = publication_dir(root, seq)
+    tmp = root / f".{dest.name}.tmp-{os.getpid()}"
+    entry: dict[str, Any] = {
         "seq": seq,
-        "kind": entry["kind"],
-        "rows": rows,
-        "deleted": removed,
-        "bytes": n_bytes,
-        "seconds": time.perf_counter() - start,
+        "kind": "full" if full is None else "delta",
+        "parent": None if head is None else int(head["seq"]),
+        "parent_manifest": parent_digest,
+        "full": seq if full is None else full,
+        "step": step,
+        "tables": {},
+        **(extra or {}),
     }
-    if reason is not None:
-        result["reason"] = reason
-    return result
+    try:
+        rows, removed = write(tmp, entry["tables"])
+        entry["published"] = time.time()
+        manifest: dict[str, Any] = {
+            "format": _checkpoint.FORMAT,
+            "kind": f"publish-{entry['kind']}",
+            "created": entry["published"],
+            "step": step,
+            "publication": entry,
+        }
+        _checkpoint._finish(tmp, dest, manifest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    digest = _checkpoint.file_digest(dest / _checkpoint.MANIFEST)
+    _write_head(root, {"format": FORMAT, "seq": seq, "full": entry["full"]}, entry)
+    n_bytes = sum(int(f["size"]) for f in manifest["files"].values())
+    return Written(seq, entry["kind"], entry["full"], rows, removed, n_bytes, digest)
 
 
 def _full_reason(
