@@ -47,11 +47,9 @@ HEAD is replaced, so a failed publication loses nothing: the next one carries it
 Retention (``keep=K``): publications older than the K-th newest full one are removed after
 HEAD moves; a follower that fell behind further loads the newest full.
 
-Sharded databases (a later extension; the format leaves room): a seq directory would hold one
-part per rank, ``<seq>/rank-<r>-of-<n>/`` (each a publication as above, with its own
-MANIFEST.json), and a top MANIFEST.json listing the parts' manifest checksums, written by
-rank 0 once every part is in; HEAD moves after it. A follower treats a seq without its top
-manifest as incomplete (like a crash before the rename) and serves the parts merged.
+Sharded databases (``evdb.distributed``) publish into the same kind of root: each rank
+writes its part, and rank 0 merges the parts into one ordinary publication
+(``evdb.distributed.publish``), so a follower needs no notion of shards.
 """
 
 from __future__ import annotations
