@@ -19,14 +19,15 @@ over their concatenation; binary cross-entropy. The tables' DRAM tier holds 30% 
 so rows spill to RocksDB and come back; admission needs an id seen twice; rows unused for
 ``--ttl-steps`` expire. Per epoch it prints the training loss, held-out AUC and examples/s,
 then it checkpoints the database, exports a serving snapshot and checks that the snapshot
-scores the held-out set exactly as the model does. On one process it also publishes the
-tables every ``--publish-every`` steps into ``--publish-root`` (``Database.publish``: a full
-snapshot first, then deltas of the rows trained since), which ``evdb serve ROOT --follow``
-serves as training goes, prints what the publications cost, and (with the serve extra)
-checks that a follower of the root serves exactly the trained rows. Last (with the serve extra
-installed, unless ``--no-serve``), it starts ``evdb serve`` on the snapshot, asks it for
-held-out items' embeddings over HTTP, checks them against the snapshot read directly, prints
-the curl line that asks the same, and stops the server (``make serve`` keeps one running).
+scores the held-out set exactly as the model does. It also publishes the tables every
+``--publish-every`` steps into ``--publish-root`` (``Database.publish``: a full snapshot
+first, then deltas of the rows trained since; under torchrun one root for every rank's shard,
+merged), which ``evdb serve ROOT --follow`` serves as training goes, prints what the
+publications cost, and (with the serve extra) checks that a follower of the root serves
+exactly the trained rows. Last (with the serve extra installed, unless ``--no-serve``), it
+starts ``evdb serve`` on the snapshot, asks it for held-out items' embeddings over HTTP,
+checks them against the snapshot read directly, prints the curl line that asks the same, and
+stops the server (``make serve`` keeps one running).
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--publish-root",
         type=Path,
-        help="publish the tables here during training (default: OUT/publish; one process only)",
+        help="publish the tables here during training (default: OUT/publish)",
     )
     parser.add_argument(
         "--publish-every", type=int, default=100, help="steps between publications (0: none)"
@@ -217,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     dense = torch.optim.Adam(dense_params, lr=1e-3)
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     test_u, test_i, test_y = users[split:], items[split:], labels[split:]
-    # Sharded publication is not built yet: a sharded run publishes nothing.
-    publish_root = (args.publish_root or out / "publish") if world == 1 else None
+    publish_root = args.publish_root or out / "publish"  # sharded: one root, the shards merged
     published: list[dict[str, Any]] = []
     for epoch in range(1, args.epochs + 1):
         order = rng.permutation(split)
@@ -239,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                     p.grad.mul_(world)  # type: ignore[union-attr]
             dense.step()
             step = db.advance()
-            if publish_root is not None and args.publish_every and step % args.publish_every == 0:
-                assert isinstance(db, evdb.Database)
+            if args.publish_every and step % args.publish_every == 0:
                 published.append(db.publish(publish_root))  # a server following it sees this
             losses.append(float(loss.detach()) * world)
         rate = split / (time.perf_counter() - t0)
@@ -255,24 +254,26 @@ def main(argv: list[str] | None = None) -> int:
                 f"promoted {tiers['dram']['promotions']:,}, written back "
                 f"{tiers['dram']['written_back']:,})" + (f" on {world} ranks" if world > 1 else "")
             )
-    if publish_root is not None and published:
-        assert isinstance(db, evdb.Database)
-        published.append(db.publish(publish_root))  # the final state
-        deltas = [p for p in published if p["kind"] == "delta"]
-        rows = sum(p["rows"] for p in deltas)
-        per = sum(p["seconds"] for p in deltas) / max(rows, 1) * 1e5
-        print(
-            f"published: {len(published)} publications to {publish_root} (last seq "
-            f"{published[-1]['seq']}; {len(published) - len(deltas)} full, {len(deltas)} "
-            f"deltas of {rows / max(len(deltas), 1):,.0f} changed rows on average, "
-            f"{sum(p['bytes'] for p in deltas) / max(len(deltas), 1) / 1e3:,.0f} kB and "
-            f"{per:.2f} s per 10^5 changed rows)"
-        )
-        same_rows = follows_exactly(db, publish_root, {"user": test_u, "item": test_i})
-        if same_rows is not None:
-            print(f"a follower of {publish_root} serves the trained rows exactly: {same_rows}")
-            if not same_rows:
-                return 1
+    if published:
+        published.append(db.publish(publish_root))  # the final state (collective when sharded)
+        ids = {"user": np.unique(test_u), "item": np.unique(test_i)}
+        trained = {n: db.table(n).lookup(ids[n.removesuffix("_bias")]) for n in db.tables()}
+        if rank == 0:
+            deltas = [p for p in published if p["kind"] == "delta"]
+            rows = sum(p["rows"] for p in deltas)
+            per = sum(p["seconds"] for p in deltas) / max(rows, 1) * 1e5
+            print(
+                f"published: {len(published)} publications to {publish_root} (last seq "
+                f"{published[-1]['seq']}; {len(published) - len(deltas)} full, {len(deltas)} "
+                f"deltas of {rows / max(len(deltas), 1):,.0f} changed rows on average, "
+                f"{sum(p['bytes'] for p in deltas) / max(len(deltas), 1) / 1e3:,.0f} kB and "
+                f"{per:.2f} s per 10^5 changed rows)"
+            )
+            same_rows = follows_exactly(publish_root, ids, trained)
+            if same_rows is not None:
+                print(f"a follower of {publish_root} serves the trained rows exactly: {same_rows}")
+                if not same_rows:
+                    return 1
     stats = db.table("user").stats()
     if rank == 0:
         print(
@@ -312,10 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     return serve_once(out / "serving", [int(k) for k in np.unique(test_i)[:3]])
 
 
-def follows_exactly(db: evdb.Database, root: Path, ids: dict[str, np.ndarray]) -> bool | None:
+def follows_exactly(
+    root: Path, ids: dict[str, np.ndarray], trained: dict[str, np.ndarray]
+) -> bool | None:
     """Whether a server following root (``evdb.api.follow``, as ``evdb serve ROOT --follow``
-    runs it) reads every table's rows of ids bit for bit as the trainer does; None without
-    the serve extra."""
+    runs it) reads every table's rows of ids bit for bit as the trainer did (``trained``, the
+    trainer's lookups); None without the serve extra."""
     try:
         from evdb.api.follow import Follower
         from evdb.api.snapshots import SnapshotHolder
@@ -328,10 +331,9 @@ def follows_exactly(db: evdb.Database, root: Path, ids: dict[str, np.ndarray]) -
             return False
         view = holder.current
         assert view is not None
-        for name in db.tables():
-            keys = np.unique(ids[name.removesuffix("_bias")])
-            served = view.lookup(name, view.tables[name], keys)
-            if not np.array_equal(served, db.table(name).lookup(keys)):
+        for name, want in trained.items():
+            keys = ids[name.removesuffix("_bias")]
+            if not np.array_equal(view.lookup(name, view.tables[name], keys), want):
                 return False
         return True
     finally:

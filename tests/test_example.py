@@ -52,6 +52,8 @@ def test_the_example_under_torchrun_reaches_the_single_process_auc(tmp_path: Pat
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert "equal the model's: True" in done.stdout
+        if importlib.util.find_spec("fastapi") is not None:  # it published; a follower agrees
+            assert "serves the trained rows exactly: True" in done.stdout
         return [float(a) for a in re.findall(r"held-out AUC ([0-9.]+)", done.stdout)]
 
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
