@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -137,6 +138,7 @@ class Database:
         self._tables: dict[str, Table] = {}
         self._dropped: set[str] = set()
         self._step = 0
+        self._reads_at = threading.local()  # read_at's per-thread step
         self._checkpoint = 0
         self._publication: Any = None  # evdb.publish's memory of the last publication
         if read_only:
@@ -443,8 +445,19 @@ class Database:
     # -- the global step ------------------------------------------------------------------
     @property
     def step(self) -> int:
-        """The global step: the trainer's clock for TTL and LFU ageing."""
-        return self._step
+        """The global step: the trainer's clock for TTL and LFU ageing (read-only, the step
+        this thread reads at, if ``read_at`` set one)."""
+        return getattr(self._reads_at, "step", self._step)
+
+    def read_at(self, step: int) -> None:
+        """Read-only: this thread's reads judge TTL at ``step`` from now on (a server's views of
+        publications share one database, each at its own step; a thread-local step keeps two
+        requests on two views from judging at each other's)."""
+        if not self.read_only:
+            raise ReadOnlyError(
+                f"database {self.path} is open for writing; advance() moves its step"
+            )
+        self._reads_at.step = int(step)
 
     def advance(self, n: int = 1) -> int:
         """Move the global step forward by n >= 0; returns the new step."""

@@ -519,8 +519,9 @@ def load_delta(root: Path, seq: int, manifest: dict[str, Any]) -> dict[str, Delt
 
 
 def serve_at(db: Database, step: int) -> None:
-    """Set a read-only database's global step to a publication's (``step`` of its manifest):
-    a server's TTL verdicts are then the trainer's at that publication."""
+    """Make this thread's reads of a read-only database judge TTL at a publication's step
+    (``step`` of its manifest): a server's TTL verdicts are then the trainer's at that
+    publication. Per thread (``Database.read_at``): views of one full share its database."""
     if not db.read_only:
         raise InvalidArgumentError(f"db: {db.path} is open for writing; advance() moves its step")
-    db._step = int(step)
+    db.read_at(step)
