@@ -15,6 +15,7 @@ from evdb.kernels import cpu
 
 MAX_LOAD = 0.7
 MOVE_SLOTS = 1 << 16  # old slots moved per call while growing (about 45k keys: a few ms)
+PREPARE_LOAD = 0.5  # past this load the next table's empty slots are written, a part per call
 _MIN_SLOTS = 1024
 
 
@@ -40,12 +41,21 @@ class HashIndex:
     then in the old. Rehashing 740k keys at once stalled a training step for 20-90 ms here
     (random inserts into a fresh 32 MB table). ``slots`` (what the fused read kernels probe)
     and ``remove`` finish a move first, so those always see one table.
+
+    Marking the slots of a new table empty writes every page of it (8M slots: 128 MB, 220 ms
+    of page faults here), so that is spread too: past ``PREPARE_LOAD`` each insert of m keys
+    marks about 10 m slots of the next table, which is ready by the time the load reaches
+    ``MAX_LOAD``. An index sized up front (``expected_keys``: a table's capacity or
+    ``initial_rows``) prepares none until it holds more keys than that.
     """
 
     def __init__(self, expected_keys: int = 0) -> None:
         self._table: Int64Array = _empty_slots(_slots_for(expected_keys))
+        self._expected = expected_keys  # sized for these up front: no next table below them
         self._old: Int64Array | None = None  # the table being moved out of, while growing
         self._moved = 0  # old slots moved so far
+        self._next: Int64Array | None = None  # the next, larger table, being prepared
+        self._prepared = 0  # its slots marked empty so far
         self.size = 0
 
     @property
@@ -56,7 +66,8 @@ class HashIndex:
 
     @property
     def nbytes(self) -> int:
-        return int(self._table.nbytes + (0 if self._old is None else self._old.nbytes))
+        extra = sum(0 if t is None else t.nbytes for t in (self._old, self._next))
+        return int(self._table.nbytes + extra)
 
     def find(self, keys: Int64Array, out: Int64Array | None = None) -> Int64Array:
         """Rows of keys (n,), -1 where absent."""
@@ -80,6 +91,8 @@ class HashIndex:
         self.size += int(keys.shape[0])
         if self._old is not None:
             self._move()
+        elif self.size > max(PREPARE_LOAD * self._table.shape[0], self._expected):
+            self._prepare(10 * int(keys.shape[0]))
 
     def remove(self, keys: Int64Array) -> Int64Array:
         """Remove keys; returns the rows they had (-1 where absent). A move in progress
@@ -101,7 +114,11 @@ class HashIndex:
             return
         self._finish_move()
         self._old, self._moved = self._table, 0
-        self._table = _empty_slots(cap)
+        if self._next is not None and self._next.shape[0] == cap:
+            self._prepare(cap)  # the rest of it
+            self._table, self._next = self._next, None
+        else:
+            self._table, self._next = _empty_slots(cap), None
         if self.size <= MOVE_SLOTS:  # small: at once (nothing to spread)
             self._finish_move()
 
@@ -127,6 +144,14 @@ class HashIndex:
         self._moved = stop
         if stop == old.shape[0]:
             self._old = None
+
+    def _prepare(self, n_slots: int) -> None:
+        """Mark the next n_slots slots of the next table (twice this one) empty."""
+        if self._next is None:
+            self._next, self._prepared = np.empty((2 * self._table.shape[0], 2), np.int64), 0
+        stop = min(self._next.shape[0], self._prepared + max(n_slots, 1))
+        self._next[self._prepared : stop, 1] = -1
+        self._prepared = stop
 
     def _finish_move(self) -> None:
         if self._old is not None:

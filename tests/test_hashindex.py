@@ -1,6 +1,6 @@
-"""HashIndex against a dict, through growth: while a move to a larger table is in progress
-(a few old slots per call), every key stays findable with its row, removals and re-inserts
-included; the fused read kernels' view (``slots``) is one whole table."""
+"""HashIndex against a dict, through growth: while the next table is prepared and while a move
+to it is in progress (a few old slots per call), every key stays findable with its row,
+removals and re-inserts included; the fused read kernels' view (``slots``) is one table."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_index_equals_a_dict_while_growing(
     monkeypatch.setattr(hashindex, "MOVE_SLOTS", move_slots)
     rng = np.random.default_rng(move_slots)
     index, model = HashIndex(), {}
-    next_row, moves_seen = 0, 0
+    next_row, moves_seen, prepared_seen = 0, 0, 0
     for _ in range(400):
         op = rng.random()
         if op < 0.6:  # insert a batch of new keys (some clustered, some spread)
@@ -37,6 +37,7 @@ def test_index_equals_a_dict_while_growing(
             want = [model.pop(k, -1) for k in gone.tolist()]
             assert got.tolist() == want
         moves_seen += index._old is not None
+        prepared_seen += index._next is not None  # the next table being marked empty
         probe = np.concatenate(
             [np.array(list(model), dtype=np.int64), rng.integers(9000, 9100, 20)]
         )
@@ -44,6 +45,7 @@ def test_index_equals_a_dict_while_growing(
         assert index.size == len(model)
     if move_slots < 1 << 16:
         assert moves_seen > 0  # the moves were in progress across calls
+    assert prepared_seen > 0
     slots = index.slots  # one table for the fused kernels: every key in it, no move pending
     assert index._old is None
     assert sorted(slots[slots[:, 1] >= 0, 0].tolist()) == sorted(model)
