@@ -46,6 +46,8 @@ bench: $(BIN)/python
 	$(BIN)/python bench/bench_rest.py
 	$(BIN)/python bench/bench_distributed.py
 	$(BIN)/python bench/bench_neighbors.py
+	$(BIN)/python bench/bench_freshness.py
+	$(BIN)/python bench/bench_growth.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
