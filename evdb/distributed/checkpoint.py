@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from evdb import database as _database
 from evdb.checkpoint import MANIFEST, file_digest, fsync_path
+from evdb.config import TableConfig
 from evdb.database import Database
 from evdb.distributed.layout import LAYOUT, read_layout, shard_dir, write_json
 from evdb.distributed.placement import Placement
@@ -120,8 +122,7 @@ def _overlapping(placement: Placement, old: int, new: int, m: int) -> list[int]:
     return [n for n in range(old) if a[n] < b[m + 1] and b[m] < a[n + 1]]
 
 
-def _create_like(db: Database, name: str, table: Table) -> Table:
-    c = table.config
+def _create_like(db: Database, name: str, c: TableConfig) -> Table:
     return db.create_table(
         name,
         c.dim,
@@ -139,13 +140,42 @@ def _create_like(db: Database, name: str, table: Table) -> Table:
     )
 
 
-def _carry_state(new: Table, olds: list[Table], m: int, placement: Placement, n_new: int) -> None:
+@dataclass
+class _OldState:
+    """What an old shard's table holds beside its rows (read once, before any row moves)."""
+
+    config: TableConfig
+    pushes: int
+    version: int
+    admission: dict[str, np.ndarray]
+    counters: dict[str, int]
+    evictions: int
+    expired_evictions: int
+    rows: int
+
+
+def _old_state(t: Table) -> _OldState:
+    return _OldState(
+        t.config,
+        t._pushes,
+        t._version,
+        t._admission.to_arrays(),
+        dict(t._counters),
+        t._dram.evictions,
+        t._dram.expired_evictions,
+        len(t),
+    )
+
+
+def _carry_state(
+    new: Table, olds: list[_OldState], m: int, placement: Placement, n_new: int
+) -> None:
     """What is not rows: the global push count (Adam's bias correction), the highest version,
     the pending admission counts of the keys shard m owns (a Bloom filter's counters summed,
     on every new shard), and, on shard 0 only, the counters, so that their totals stay."""
-    new._pushes = olds[0]._pushes
-    new._version = max([new._version] + [t._version for t in olds])
-    states = [t._admission.to_arrays() for t in olds]
+    new._pushes = olds[0].pushes
+    new._version = max([new._version] + [t.version for t in olds])
+    states = [t.admission for t in olds]
     if "keys" in states[0]:  # Counter: per key
         keys = np.concatenate([s["keys"] for s in states])
         mine = placement.owners(keys, n_new) == m
@@ -161,9 +191,9 @@ def _carry_state(new: Table, olds: list[Table], m: int, placement: Placement, n_
         new._admission.load_arrays({"counters": np.minimum(total, 255).astype(np.uint8)})
     if m == 0:
         for name in COUNTERS:
-            new._counters[name] = sum(t._counters[name] for t in olds)
-        new._dram.evictions = sum(t._dram.evictions for t in olds)
-        new._dram.expired_evictions = sum(t._dram.expired_evictions for t in olds)
+            new._counters[name] = sum(t.counters[name] for t in olds)
+        new._dram.evictions = sum(t.evictions for t in olds)
+        new._dram.expired_evictions = sum(t.expired_evictions for t in olds)
 
 
 def reshard(
@@ -180,9 +210,11 @@ def reshard(
     Every new shard gets exactly the rows (values, slots, ``freq``, ``last_step``,
     ``version``) and pending admission counts that the tables' placements now send to it,
     streamed ``chunk_rows`` at a time; counters keep their totals. N -> M -> N is the
-    identity on rows. ``progress(rows_done, rows_total)`` after each chunk. Returns the new
-    ``sharding.json``. Incremental shard checkpoints are refused: open and checkpoint them
-    in full first.
+    identity on rows. One old shard is open at a time, and one new shard is built at a time,
+    so the process holds at most one of each (a table without a disk tier loads its shard's
+    rows when opened; one with a disk tier only its DRAM cache). ``progress(rows_done,
+    rows_total)`` after each chunk. Returns the new ``sharding.json``. Incremental shard
+    checkpoints are refused: open and checkpoint them in full first.
     """
     src, dest = Path(src), Path(dest)
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
@@ -198,38 +230,44 @@ def reshard(
     placements = {n: Placement.from_dict(p) for n, p in layout["tables"].items()}
     for p in placements.values():
         p.check(shards)
+    states: dict[str, list[_OldState]] = {name: [] for name in placements}
+    step = 0
+    for path in olds:  # first pass: everything but the rows, one old shard at a time
+        with _database.open(path, read_only=True) as db:
+            step = db.step
+            for name in placements:
+                states[name].append(_old_state(db.table(name)))
+    total = sum(s.rows for table in states.values() for s in table)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    done, total = 0, None
+    done = 0
     try:
-        opened = [_database.open(p, read_only=True) for p in olds]
-        try:
-            step = opened[0].step
-            if total is None:
-                total = sum(len(db.table(n)) for db in opened for n in placements)
-            digests = {}
-            for m in range(shards):
-                work = tmp / f".work-{m:05d}"
-                with _database.open(work) as new:
-                    new.advance(step)
-                    for name, placement in placements.items():
-                        sources = [db.table(name) for db in opened]
-                        t = _create_like(new, name, sources[0])
-                        for n in _overlapping(placement, len(olds), shards, m):
-                            for keys, records in sources[n]._chain.scan(chunk_rows):
+        digests = {}
+        for m in range(shards):
+            work = tmp / f".work-{m:05d}"
+            with _database.open(work) as new:
+                new.advance(step)
+                tables = {n: _create_like(new, n, states[n][0].config) for n in placements}
+                reading = {n: _overlapping(p, len(olds), shards, m) for n, p in placements.items()}
+                for i, path in enumerate(olds):
+                    names = [n for n in placements if i in reading[n]]
+                    if not names:
+                        continue  # hash placement: this old shard holds none of m's buckets
+                    with _database.open(path, read_only=True) as old:
+                        for name in names:
+                            placement, t = placements[name], tables[name]
+                            for keys, records in old.table(name)._chain.scan(chunk_rows):
                                 mine = placement.owners(keys, shards) == m
                                 restore_records(t, keys[mine], records.take(mine))
                                 done += int(np.count_nonzero(mine))
                                 if progress is not None:
-                                    progress(done, total)
-                        _carry_state(t, sources, m, placement, shards)
-                    new.checkpoint(shard_dir(tmp, m))
-                shutil.rmtree(work)
-                digests[shard_dir(tmp, m).name] = file_digest(shard_dir(tmp, m) / MANIFEST)
-        finally:
-            for db in opened:
-                db.close()
+                                    progress(min(done, total), total)
+                for name, t in tables.items():
+                    _carry_state(t, states[name], m, placements[name], shards)
+                new.checkpoint(shard_dir(tmp, m))
+            shutil.rmtree(work)
+            digests[shard_dir(tmp, m).name] = file_digest(shard_dir(tmp, m) / MANIFEST)
         out = {
             "format": layout["format"],
             "world_size": shards,

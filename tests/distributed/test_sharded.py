@@ -169,6 +169,42 @@ def test_hash_resharding_reads_only_overlapping_shards() -> None:
     assert _overlapping(evd.Placement("mod"), 3, 2, 0) == [0, 1, 2]
 
 
+def test_reshard_opens_one_old_shard_at_a_time_and_only_overlapping_ones(
+    three_ranks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from evdb.distributed import checkpoint as ckpt
+
+    out, _ = three_ranks
+    opened: list[str] = []
+    open_now: list[str] = []
+    real_open = ckpt._database.open
+
+    class Spy:
+        def __init__(self, path: Any, **kw: Any) -> None:
+            self.db = real_open(path, **kw)
+            self.name = Path(path).name
+
+        def __enter__(self) -> Any:
+            if self.db.read_only:
+                opened.append(self.name)
+                open_now.append(self.name)
+                assert len(open_now) == 1, open_now  # never two old shards at once
+            return self.db
+
+        def __exit__(self, *exc: Any) -> None:
+            if self.db.read_only:
+                open_now.remove(self.name)
+            self.db.close()
+
+    monkeypatch.setattr(ckpt._database, "open", Spy)
+    evd.reshard(out / "ckpt", tmp_path / "six", 6)
+    placement = evd.Placement("hash")
+    want = [f"shard-{n:05d}" for n in range(3)]  # the first pass: the non-row state
+    for m in range(6):
+        want += [f"shard-{n:05d}" for n in ckpt._overlapping(placement, 3, 6, m)]
+    assert opened == want and len(opened) < 3 + 6 * 3
+
+
 def test_merged_export_equals_a_single_process_export(three_ranks, reference, tmp_path) -> None:
     out, _ = three_ranks
     manifest = evd.export(out / "ckpt", tmp_path / "serving")
