@@ -27,7 +27,7 @@ from evdb.config import TableConfig
 from evdb.dedup import Deduper
 from evdb.errors import CapacityError, InvalidArgumentError
 from evdb.kernels import cpu
-from evdb.kernels.cpu.stamp import stamp_pulled, stamp_pushed
+from evdb.kernels.cpu.stamp import gather_rows, stamp_pulled, stamp_pushed
 from evdb.keys import normalize_keys
 from evdb.pulled import Pulled
 from evdb.records import FREQ_MAX, FROZEN, RecordBatch
@@ -407,11 +407,11 @@ class Table:
         dram.pin(rows if all_in else rows[admitted])
         self._chain.evict(self._db.step, self._min_live())
         out = np.empty((u, self.dim), dtype=np.float32)
-        # take(out=, mode="clip") gathers straight into out: 4.5x faster than out[m] = v[r[m]],
-        # which builds a temporary (and mode="raise" copies through one too). Rows of keys not
-        # admitted are -1, clipped to row 0, and overwritten with their default just below.
+        # One pass straight into out, on numba's threads for a big batch (np.take(out=) ran on
+        # one: 1.95 of 4.7 ms for 65,536 hits). Keys not admitted (row -1) get their default
+        # just below.
         if n_have:
-            np.take(dram.values, rows, axis=0, out=out, mode="clip")
+            gather_rows(dram.values, rows, out)
         if not all_in:
             out[~admitted] = self.defaults(uniq[~admitted])
         if self._strings is not None:

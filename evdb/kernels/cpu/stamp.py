@@ -7,9 +7,9 @@ kernel registry."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 
-from evdb.kernels.cpu._common import I8, OPTS, U1, i8
+from evdb.kernels.cpu._common import F4_2D, I8, OPTS, PARALLEL_MIN_KEYS, U1, i8, prefetch
 
 U4 = types.Array(types.uint32, 1, "C")
 U8 = types.Array(types.uint64, 1, "C")
@@ -55,3 +55,46 @@ def stamp_pushed(  # type: ignore[no-untyped-def]
             versions[r] = ver
             is_dirty[r] = True
     return dropped, frozen
+
+
+_GATHER_CHUNK = 4096  # rows a thread copies at a time; their lines are prefetched first
+
+
+@njit(inline="always", **OPTS)
+def _gather_chunk(c, values, rows, out):  # type: ignore[no-untyped-def]
+    lo = c * _GATHER_CHUNK
+    hi = min(lo + _GATHER_CHUNK, rows.shape[0])
+    for i in range(lo, hi):  # the rows' cache lines in flight before the copies need them
+        r = rows[i]
+        if r >= 0:
+            for col in range(0, values.shape[1], 16):
+                prefetch(values, r, col)
+    for i in range(lo, hi):
+        r = rows[i]
+        if r >= 0:
+            out[i, :] = values[r, :]
+
+
+_GR_SIG = types.void(F4_2D, I8, F4_2D)
+
+
+@njit(_GR_SIG, **OPTS)
+def _gather_rows_serial(values, rows, out):  # type: ignore[no-untyped-def]
+    for c in range((rows.shape[0] + _GATHER_CHUNK - 1) // _GATHER_CHUNK):
+        _gather_chunk(c, values, rows, out)
+
+
+@njit(_GR_SIG, parallel=True, **OPTS)
+def _gather_rows_parallel(values, rows, out):  # type: ignore[no-untyped-def]
+    for c in prange((rows.shape[0] + _GATHER_CHUNK - 1) // _GATHER_CHUNK):
+        _gather_chunk(c, values, rows, out)
+
+
+def gather_rows(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = values[rows[i]]`` where ``rows[i] >= 0`` (see ``reference.stamp``): a pull's
+    copy of its rows, on numba's threads for a big batch. ``np.take(out=)`` did it on one
+    thread: 1.95 of a 4.7 ms pull of 65,536 hits (dim 64) here."""
+    if rows.shape[0] >= PARALLEL_MIN_KEYS:
+        _gather_rows_parallel(values, rows, out)
+    else:
+        _gather_rows_serial(values, rows, out)

@@ -58,3 +58,11 @@ def stamp_pushed(
     versions[r] = version
     is_dirty[r] = True
     return int(np.count_nonzero(~have)), int(np.count_nonzero(frozen))
+
+
+def gather_rows(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """A pull's copy of its rows: ``out[i] = values[rows[i]]`` where ``rows[i] >= 0``; the
+    other entries of out (keys without a row: the caller writes their default) are left as
+    they are."""
+    have = rows >= 0
+    out[have] = values[rows[have]]
