@@ -48,6 +48,7 @@ bench: $(BIN)/python
 	$(BIN)/python bench/bench_neighbors.py
 	$(BIN)/python bench/bench_freshness.py
 	$(BIN)/python bench/bench_growth.py
+	$(BIN)/python bench/bench_threads.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
