@@ -32,6 +32,16 @@ stops the server (``make serve`` keeps one running).
 
 from __future__ import annotations
 
+import os
+
+# Under torchrun the ranks on this machine share its cores: numba's pool sized for all of them
+# in every rank oversubscribes them (2 ranks on 2 cores: 11.9K examples/s, 27.3K with one
+# thread each). Its size is read once, when numba is first imported, so it is set here, before
+# evdb imports numba; torchrun already sets OMP_NUM_THREADS=1 for torch.
+if "LOCAL_WORLD_SIZE" in os.environ and "NUMBA_NUM_THREADS" not in os.environ:
+    _share = (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])
+    os.environ["NUMBA_NUM_THREADS"] = str(max(1, _share))
+
 import argparse
 import json
 import shutil
