@@ -8,20 +8,15 @@ them, else random ones).
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 import evdb
+
+from . import serve_process
 
 ZIPF_RANKS = 3000
 ZIPF_TOP = 20_000  # pulls of the rank-1 key
@@ -70,40 +65,13 @@ def build_database(path: Path) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def serving(path: Path, *args: str, interval_s: float = 1.0) -> Iterator[str]:
     """``evdb serve path`` on a free loopback port; yields its URL, stops it after."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "evdb", "serve", str(path), "--port", str(port)]
-    cmd += ["--log-level", "warning", *args]
-    env = {**os.environ, "EVDB_SAMPLE_INTERVAL_S": str(interval_s)}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    proc, url, _ = serve_process.start(
+        str(path), *args, env={"EVDB_SAMPLE_INTERVAL_S": str(interval_s)}
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"evdb serve did not start: {proc.communicate()[0][-2000:]}")
-        time.sleep(0.2)
     try:
         yield url
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        serve_process.stop(proc)

@@ -6,9 +6,7 @@ Loopback only; every wait is bounded in count and in time.
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ from evdb.api import Settings, create_app
 from evdb.api.follow import Follower, FollowSnapshot
 from evdb.api.snapshots import VERSION_HEADER, SnapshotHolder
 
-from .test_serve import free_port
+from . import serve_process
 
 
 def served(holder: SnapshotHolder, name: str, keys: np.ndarray, **bags):
@@ -296,34 +294,17 @@ def test_cli_follow_options(tmp_path: Path) -> None:
 N_ROWS = 10_000
 
 
-def start_server(root: Path, workers: int) -> tuple[subprocess.Popen, str]:
+def start_server(root: Path, workers: int) -> tuple[subprocess.Popen[str], str]:
     """``evdb serve ROOT --follow`` on a free loopback port, once /readyz answers 200."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "evdb", "serve", str(root), "--follow", "--port", str(port)]
-    cmd += ["--workers", str(workers), "--poll-interval", "0.2", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"evdb serve did not start: {proc.communicate()[0][-2000:]}")
-        time.sleep(0.2)
+    proc, url, _ = serve_process.start(
+        str(root), "--follow", "--workers", str(workers), "--poll-interval", "0.2"
+    )
+    return proc, url
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        out, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    assert proc.returncode == 0, out[-2000:]
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    code, out = serve_process.stop(proc)
+    assert code == 0, out[-2000:]
 
 
 @pytest.fixture

@@ -3,58 +3,30 @@ and a reload that reaches both workers."""
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
-import sys
-import time
-
 import httpx
 import numpy as np
 import pytest
 
 import evdb
 
+from . import serve_process
 from .conftest import TOKEN
 
 KEYS = np.array([-1000, 5, 1093], dtype=np.int64)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def server(snapshots, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    port = free_port()
-    cmd = [sys.executable, "-m", "evdb", "serve", str(snapshots[0]), "--port", str(port)]
-    cmd += ["--workers", "2", "--token-file", str(token_file), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"evdb serve did not start: {proc.communicate()[0][-2000:]}")
-        time.sleep(0.2)
+    proc, url, port = serve_process.start(
+        str(snapshots[0]), "--workers", "2", "--token-file", str(token_file)
+    )
     yield url, port
-    proc.send_signal(signal.SIGINT)
-    try:
-        out, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
+    code, out = serve_process.stop(proc)
+    if code is None:
         pytest.fail(f"evdb serve did not stop on SIGINT: {out[-2000:]}")
-    assert proc.returncode == 0, out[-2000:]
+    assert code == 0, out[-2000:]
 
 
 def _expected(path) -> np.ndarray:
