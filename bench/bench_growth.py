@@ -13,7 +13,9 @@ step.
   (``disk=False``), the same Adagrad rule fused into the push.
 
 It prints the median and the slowest step of each, the whole run's examples/s and their
-ratios; the aim is no step over 3x the median while the table grows. Run from the repository
+ratios; the aim is no step over 3x the median while the table grows. A third run takes the
+same steps through evdb's own API (pull, combine, combine_backward, push: what the module does
+under autograd), which prices the torch module against it. Run from the repository
 root: ``.venv/bin/python bench/bench_growth.py``.
 """
 
@@ -55,7 +57,7 @@ def run_torch(args: argparse.Namespace, data: list[np.ndarray]) -> np.ndarray:
     return np.array(times)
 
 
-def run_evdb(args: argparse.Namespace, data: list[np.ndarray]) -> tuple[np.ndarray, int]:
+def new_table(args: argparse.Namespace) -> tuple[evdb.Database, evdb.Table]:
     db = evdb.open(tempfile.mkdtemp(prefix="evdb-growth-"))
     table = db.create_table(
         "ids",
@@ -64,6 +66,30 @@ def run_evdb(args: argparse.Namespace, data: list[np.ndarray]) -> tuple[np.ndarr
         initializer=evdb.init.Uniform(-0.05, 0.05, seed=0),
         disk=False,
     )
+    return db, table
+
+
+def run_raw(args: argparse.Namespace, data: list[np.ndarray]) -> np.ndarray:
+    """The same step on evdb's own API: one pull of the 26 features' ids, their bags summed,
+    the sum loss's gradient (ones) turned into per-key gradients, one push."""
+    db, table = new_table(args)
+    offsets = np.arange(args.features * args.batch, dtype=np.int64)
+    ones = np.ones((args.features * args.batch, args.dim), np.float32)
+    times = []
+    for ids in data:
+        keys = ids.reshape(-1).astype(np.int64)
+        t0 = time.perf_counter()
+        p = table.pull(keys)
+        p.combine(offsets, combiner="sum")
+        table.push(p, p.combine_backward(ones, offsets, combiner="sum"))
+        db.advance()
+        times.append(time.perf_counter() - t0)
+    db.close()
+    return np.array(times)
+
+
+def run_evdb(args: argparse.Namespace, data: list[np.ndarray]) -> tuple[np.ndarray, int]:
+    db, table = new_table(args)
     names = [f"f{i}" for i in range(args.features)]
     ebc = EmbeddingBagCollection({n: table for n in names}, mode="sum")
     offsets = torch.arange(args.batch, dtype=torch.int64)
@@ -103,11 +129,13 @@ def main() -> None:
     data = batches(args)
     t_torch = run_torch(args, data)
     t_evdb, rows = run_evdb(args, data)
+    t_raw = run_raw(args, data)
     examples = args.batch * args.steps
     out = []
     for name, t in (
         ("torch (static, sized up front)", t_torch),
         ("evdb (grows from empty)", t_evdb),
+        ("evdb's own API, same step", t_raw),
     ):
         med = float(np.median(t))
         out.append(
@@ -128,6 +156,10 @@ def main() -> None:
     print(
         f"evdb / torch: {np.median(t_torch) / np.median(t_evdb):.2f}x at the median step, "
         f"{t_torch.sum() / t_evdb.sum():.2f}x over all steps; evdb rows at the end: {rows:,}"
+    )
+    print(
+        f"evdb.torch / evdb's own API: {t_raw.sum() / t_evdb.sum():.2f}x over all steps "
+        "(the module's overhead: tensors, autograd, per-feature Python)"
     )
     worst = np.argsort(t_evdb)[::-1][:5]
     print(
