@@ -14,6 +14,7 @@ and directory is fsynced: a crash leaves either no ``dest`` or a complete one.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
-from evdb.errors import CorruptDataError, InvalidArgumentError
+from evdb.errors import CorruptDataError, DatabaseLockedError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from evdb.database import Database
@@ -54,6 +55,19 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def lock_exclusive(path: Path, busy: str) -> int:
+    """The descriptor of path (created if missing), flock'ed exclusively for this process:
+    a database's LOCK, a publish root's .lock. ``DatabaseLockedError(busy)`` if another
+    process or handle holds it. Release with ``flock(fd, LOCK_UN)`` and ``close``."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DatabaseLockedError(busy) from None
+    return fd
 
 
 def read_json(path: Path, what: str) -> Any:

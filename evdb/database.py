@@ -47,7 +47,6 @@ from evdb.errors import (
     ConfigError,
     CorruptDataError,
     DatabaseClosedError,
-    DatabaseLockedError,
     DatabaseNotFoundError,
     InvalidArgumentError,
     ReadOnlyError,
@@ -146,14 +145,10 @@ class Database:
                 raise DatabaseNotFoundError(f"path: {self.path} holds no evdb database")
         else:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._lock = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(self._lock)
-                raise DatabaseLockedError(
-                    f"path: {self.path} is open in another process or handle; close it first"
-                ) from None
+            self._lock = _checkpoint.lock_exclusive(
+                self.path / "LOCK",
+                f"path: {self.path} is open in another process or handle; close it first",
+            )
         try:
             manifest = _checkpoint.read_manifest(self.path)
             if manifest is not None and verify:

@@ -72,7 +72,7 @@ from evdb._types import Float32Array, Int64Array
 from evdb.config import DiskConfig, TableConfig
 from evdb.database import CHECKPOINTS, WORKING
 from evdb.database import open as open_database
-from evdb.errors import CorruptDataError, DatabaseLockedError, InvalidArgumentError
+from evdb.errors import CorruptDataError, InvalidArgumentError
 from evdb.optim import SGD
 from evdb.records import RecordBatch
 
@@ -352,14 +352,9 @@ class _RootLock:
         self.fd = -1
 
     def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            raise DatabaseLockedError(
-                f"root: {self.path.parent} is being published to by another process"
-            ) from None
+        self.fd = _checkpoint.lock_exclusive(
+            self.path, f"root: {self.path.parent} is being published to by another process"
+        )
 
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
