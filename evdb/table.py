@@ -27,7 +27,7 @@ from evdb.config import TableConfig
 from evdb.dedup import Deduper
 from evdb.errors import CapacityError, InvalidArgumentError
 from evdb.kernels import cpu
-from evdb.kernels.cpu.stamp import gather_rows, stamp_pulled, stamp_pushed
+from evdb.kernels.cpu.stamp import stamp_gather_pulled, stamp_pushed
 from evdb.keys import normalize_keys
 from evdb.pulled import Pulled
 from evdb.records import FREQ_MAX, FROZEN, RecordBatch
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Pulled", "Table"]
 
-_DEDUP_FIRST = 65536  # pulls of up to this many keys deduplicate before probing the index
+_DEDUP_FIRST = 8192  # pulls of up to this many keys deduplicate before probing the index
 
 
 class Table:
@@ -367,21 +367,16 @@ class Table:
         n_hits = int(np.count_nonzero(rows >= 0))
         self._chain.count_cache_reads(n_hits, rows.shape[0] - n_hits)
         self._promote_misses(uniq, rows)
-        # freq += count (saturating), last_step, version and the dirty bit of every row found,
-        # in one pass (a fused kernel: a numpy read-modify-write per column cost 8x more)
         dram = self._dram
-        n_have = stamp_pulled(
-            rows,
-            occurrences,
-            self._db.step,
-            version,
-            int(FREQ_MAX),
-            dram.freq,
-            dram.last_step,
-            dram.version,
-            dram.is_dirty,
-        )
         u = uniq.shape[0]
+        out = np.empty((u, self.dim), dtype=np.float32)
+        # Every row found: freq += count (saturating), last_step, version, the dirty and pinned
+        # bits, and its copy into out, in one pass on numba's threads (numpy read-modify-writes
+        # per column cost 8x more; a serial stamp, numpy pin and separate gather 2x more)
+        n_have = stamp_gather_pulled(
+            rows, occurrences, self._db.step, version, int(FREQ_MAX), dram.freq,
+            dram.last_step, dram.version, dram.is_dirty, dram.is_pinned, dram.values, out,
+        )  # fmt: skip
         if n_have < u:
             miss = np.flatnonzero(rows < 0)
             if not self.config.admission.counts_pulls:  # every key is admitted at once
@@ -400,18 +395,14 @@ class Table:
                     version,
                 )
                 rows[new] = self._chain.create(new_keys, records)
+                dram.is_pinned[rows[new]] = True  # as the kernel did for the rows it found
+                out[new] = records.values
             self._counters["not_admitted"] += int(miss.size - new.size)
             n_have += int(new.size)
         all_in = n_have == u
         admitted = np.ones(u, dtype=bool) if all_in else rows >= 0
-        dram.pin(rows if all_in else rows[admitted])
+        dram.pin(rows if all_in else rows[admitted], flagged=True)
         self._chain.evict(self._db.step, self._min_live())
-        out = np.empty((u, self.dim), dtype=np.float32)
-        # One pass straight into out, on numba's threads for a big batch (np.take(out=) ran on
-        # one: 1.95 of 4.7 ms for 65,536 hits). Keys not admitted (row -1) get their default
-        # just below.
-        if n_have:
-            gather_rows(dram.values, rows, out)
         if not all_in:
             out[~admitted] = self.defaults(uniq[~admitted])
         if self._strings is not None:

@@ -266,9 +266,11 @@ class DramTier(Tier):
                 yield self.row_keys[rows], self.read(rows)
 
     # -- the batch in flight and eviction -------------------------------------------------
-    def pin(self, rows: Int64Array) -> None:
-        """Protect rows from eviction until ``unpin_all``."""
-        self.is_pinned[rows] = True
+    def pin(self, rows: Int64Array, *, flagged: bool = False) -> None:
+        """Protect rows from eviction until ``unpin_all`` (``flagged``: the pull's kernel has
+        set their ``is_pinned`` already; only remember them)."""
+        if not flagged:
+            self.is_pinned[rows] = True
         self._pinned_rows = np.concatenate([self._pinned_rows, rows])
 
     def unpin_all(self) -> None:

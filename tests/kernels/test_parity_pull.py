@@ -31,24 +31,37 @@ def batch_rows(rng: np.random.Generator, n_rows: int, u: int) -> np.ndarray:
     return rows
 
 
-@pytest.mark.parametrize("n_rows,u", [(1, 0), (1, 1), (50, 40), (20_000, 5_000)])
-def test_stamp_pulled_matches_reference(rng, n_rows, u) -> None:
+@pytest.mark.parametrize(
+    "n_rows,u,dim",
+    [(1, 0, 3), (1, 1, 1), (50, 40, 5), (20_000, 5_000, 64), (70_000, 40_000, 17)],
+)
+def test_stamp_gather_pulled_matches_reference(rng, n_rows, u, dim) -> None:
+    """Serial (small) and parallel (from 4,096 rows) variants alike: every column stamped as
+    the reference does, out gathered, and entries without a row left untouched."""
     base = columns(rng, n_rows)
+    base["is_pinned"] = rng.random(n_rows) < 0.1
+    values = rng.standard_normal((n_rows, dim)).astype(np.float32)
     rows = batch_rows(rng, n_rows, u)
     counts = rng.integers(1, 6, u).astype(np.int64)
     step, version = int(rng.integers(0, 100)), int(rng.integers(1, 2**40))
     outs = []
     for mod in (ref_stamp, cpu_stamp):
         c = {k: v.copy() for k, v in base.items()}
-        n = mod.stamp_pulled(
-            rows.copy(), counts, step, version, int(FREQ_MAX),
-            c["freq"], c["last_step"], c["versions"], c["is_dirty"],
+        out = np.full((u, dim), 7.0, dtype=np.float32)
+        n = mod.stamp_gather_pulled(
+            rows.copy(), counts, step, version, int(FREQ_MAX), c["freq"], c["last_step"],
+            c["versions"], c["is_dirty"], c["is_pinned"], values, out,
         )  # fmt: skip
-        outs.append((n, c))
+        outs.append((n, c, out))
     assert outs[0][0] == outs[1][0] == int(np.count_nonzero(rows >= 0))
     for name in base:
         np.testing.assert_array_equal(outs[1][1][name], outs[0][1][name], err_msg=name)
-    assert (outs[0][1]["freq"][rows[rows >= 0]] <= FREQ_MAX).all()
+    np.testing.assert_array_equal(outs[1][2], outs[0][2])
+    have = rows >= 0
+    assert (outs[0][1]["freq"][rows[have]] <= FREQ_MAX).all()
+    assert outs[0][1]["is_pinned"][rows[have]].all()
+    np.testing.assert_array_equal(outs[1][2][have], values[rows[have]])
+    assert (outs[1][2][~have] == 7.0).all()
 
 
 @pytest.mark.parametrize("n_rows,u", [(1, 0), (1, 1), (50, 40), (20_000, 5_000)])
@@ -111,20 +124,3 @@ def test_pull_dedups_the_same_either_way(tmp_path, monkeypatch, rng, admission, 
     for x, y in zip(a, b, strict=True):
         for u, v in zip(x, y, strict=True):
             np.testing.assert_array_equal(u, v)
-
-
-@pytest.mark.parametrize(
-    "n_rows,u,dim", [(1, 0, 3), (50, 40, 1), (20_000, 5_000, 64), (70_000, 40_000, 17)]
-)
-def test_gather_rows_matches_reference(rng, n_rows, u, dim) -> None:
-    """Serial (small) and parallel (from PARALLEL_MIN_KEYS) variants alike; entries without a
-    row are left untouched."""
-    values = rng.standard_normal((n_rows, dim)).astype(np.float32)
-    rows = batch_rows(rng, n_rows, u)
-    outs = []
-    for mod in (ref_stamp, cpu_stamp):
-        out = np.full((u, dim), 7.0, dtype=np.float32)
-        mod.gather_rows(values, rows, out)
-        outs.append(out)
-    np.testing.assert_array_equal(outs[1], outs[0])
-    assert (outs[1][rows < 0] == 7.0).all()

@@ -29,25 +29,40 @@ I64_MIN = np.int64(-(2**63))
 _PREFETCH = "llvm.prefetch.p0" if _llvm.llvm_version_info[0] >= 15 else "llvm.prefetch.p0i8"
 
 
-@intrinsic
-def prefetch(typingctx, arr, i, j):  # type: ignore[no-untyped-def]
-    """Hint the cache to fetch arr[i, j] for reading (LLVM's prefetch: read, high locality)."""
-    sig = types.void(arr, i, j)
-
+def _prefetch_codegen(write: int):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(
-            context, builder, aryty, ary, [args[1], args[2]], wraparound=False
-        )
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, args[1:], wraparound=False)
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, _PREFETCH)
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(write), i32(3), i32(1)])
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, i, j):  # type: ignore[no-untyped-def]
+    """Hint the cache to fetch arr[i, j] for reading (LLVM's prefetch: read, high locality)."""
+    return types.void(arr, i, j), _prefetch_codegen(0)
+
+
+@intrinsic
+def prefetch_write(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """Hint the cache to fetch arr[i] of a 1-d array for writing."""
+    return types.void(arr, i), _prefetch_codegen(1)
+
+
+@njit(inline="always", **OPTS)
+def copy_row(values, r, out, i):  # type: ignore[no-untyped-def]
+    """out[i, :] = values[r, :] as an explicit loop: numba lowers the slice assignment
+    outside a parfor through its generic broadcasting path, 3x slower (a serial gather of
+    16,384 rows of dim 64: 1.75 against 0.54 ms here)."""
+    for j in range(values.shape[1]):
+        out[i, j] = values[r, j]
 
 
 @njit(u8(u8), inline="always", **OPTS)

@@ -11,30 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def stamp_pulled(
-    rows: np.ndarray,
-    counts: np.ndarray,
-    step: int,
-    version: int,
-    freq_max: int,
-    freq: np.ndarray,
-    last_step: np.ndarray,
-    versions: np.ndarray,
-    is_dirty: np.ndarray,
-) -> int:
-    """A pull's stamp of the rows it found: for each ``r = rows[i] >= 0``, ``freq[r]`` (uint32)
-    grows by ``counts[i]`` (the key's occurrences in the batch) saturating at ``freq_max``,
-    ``last_step[r] = step``, ``versions[r] = version`` and ``is_dirty[r] = True``. Returns how
-    many rows were stamped (the keys that have a row)."""
-    have = rows >= 0
-    r = rows[have]
-    freq[r] = np.minimum(freq[r].astype(np.int64) + counts[have], freq_max).astype(np.uint32)
-    last_step[r] = step
-    versions[r] = version
-    is_dirty[r] = True
-    return int(r.shape[0])
-
-
 def stamp_pushed(
     rows: np.ndarray,
     flags: np.ndarray,
@@ -60,9 +36,32 @@ def stamp_pushed(
     return int(np.count_nonzero(~have)), int(np.count_nonzero(frozen))
 
 
-def gather_rows(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
-    """A pull's copy of its rows: ``out[i] = values[rows[i]]`` where ``rows[i] >= 0``; the
-    other entries of out (keys without a row: the caller writes their default) are left as
-    they are."""
+def stamp_gather_pulled(
+    rows: np.ndarray,
+    counts: np.ndarray,
+    step: int,
+    version: int,
+    freq_max: int,
+    freq: np.ndarray,
+    last_step: np.ndarray,
+    versions: np.ndarray,
+    is_dirty: np.ndarray,
+    is_pinned: np.ndarray,
+    values: np.ndarray,
+    out: np.ndarray,
+) -> int:
+    """A pull's pass over the rows it found: for each ``r = rows[i] >= 0``, ``freq[r]``
+    (uint32) grows by ``counts[i]`` (the key's occurrences in the batch) saturating at
+    ``freq_max``, ``last_step[r] = step``, ``versions[r] = version``, ``is_dirty[r]`` and
+    ``is_pinned[r]`` (protected from eviction until the next pull) become True, and
+    ``out[i] = values[r]``. The other entries of out (keys without a row: the caller writes
+    their default) are left as they are. Returns how many rows were stamped."""
     have = rows >= 0
-    out[have] = values[rows[have]]
+    r = rows[have]
+    freq[r] = np.minimum(freq[r].astype(np.int64) + counts[have], freq_max).astype(np.uint32)
+    last_step[r] = step
+    versions[r] = version
+    is_dirty[r] = True
+    is_pinned[r] = True
+    out[have] = values[r]
+    return int(r.shape[0])
