@@ -317,7 +317,7 @@ def run(args: argparse.Namespace, tmp: Path, procs: list[subprocess.Popen[bytes]
         first_left=1,
     )
     print(
-        "aims: evdb binary >= 0.80x floor binary "
+        "aims: evdb binary >= 0.95x floor binary (the speed issue; 0.80x before) "
         f"({fmt_ratio(rate['evdb binary'] / rate['floor binary'])}); evdb binary > redis MGET "
         + (
             f"({fmt_ratio(rate['evdb binary'] / rate['redis MGET'])})"
