@@ -603,6 +603,18 @@ def print_header(args: argparse.Namespace) -> None:
 
 
 def print_report(report: Report, args: argparse.Namespace) -> None:
+    """The tables of the sections that ran."""
+    if report.cold:
+        print_cold(report, args)
+    if report.train:
+        print_train(report, args)
+    if report.flush is not None:
+        print_flush(report, args)
+    if report.compress:
+        print_compress(report, args)
+
+
+def print_cold(report: Report, args: argparse.Namespace) -> None:
     b = report.cold_build
     print(
         f"\n1. cold reads: lookup of {fmt_count(args.batch)} distinct keys whose rows are on "
@@ -637,6 +649,8 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
         f"{b['raw flush']:.1f}s, compact {b['raw compact']:.1f}s)"
     )
 
+
+def print_train(report: Report, args: argparse.Namespace) -> None:
     print(
         f"\n2. spill-heavy training: Zipf a={args.zipf_a} over {fmt_count(args.zipf_keys)} "
         f"keys, {fmt_count(args.train_batch)} keys/step (median "
@@ -693,6 +707,8 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
         "RocksDB read)"
     )
 
+
+def print_flush(report: Report, args: argparse.Namespace) -> None:
     f = report.flush
     if f is not None:
         n = args.flush_rows
@@ -709,6 +725,8 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
         ]
         print_table(["side", "rows/s", "s", "checkpoint s"], rows, first_left=1)
 
+
+def print_compress(report: Report, args: argparse.Namespace) -> None:
     print(
         f"\n4. compression: {fmt_count(args.compress_rows)} rows, dim {args.dim}, SGD, values "
         f"normal(0, {VALUE_STD})"
@@ -770,6 +788,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tmpdir", default=None, help="where the stores live (the disk measured)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run: small sizes, seconds")
+    p.add_argument(
+        "--only",
+        default="cold,train,flush,compress",
+        help="comma-separated sections to run (cold, train, flush, compress); all by default",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.batch, args.repeat = 50_000, 8192, 3
@@ -783,12 +806,15 @@ def main(argv: list[str] | None = None) -> None:
     print_header(args)
     sys.stdout.flush()
     report = Report()
-    for name, fn in (
-        ("cold reads", bench_cold),
-        ("spill-heavy training", bench_train),
-        ("write-back", bench_flush),
-        ("compression", bench_compress),
+    only = set(args.only.split(","))
+    for key, name, fn in (
+        ("cold", "cold reads", bench_cold),
+        ("train", "spill-heavy training", bench_train),
+        ("flush", "write-back", bench_flush),
+        ("compress", "compression", bench_compress),
     ):
+        if key not in only:
+            continue
         log(f"[{name}]")
         t0 = time.perf_counter()
         fn(args, report)

@@ -203,6 +203,7 @@ class TierChain:
         if rows.shape[0] == 0 or self.backing is None:
             return
         cache = self.cache
+        rows = rows[np.argsort(cache.row_keys[rows], kind="stable")]  # key order (see flush)
         below = cache.below[rows]
         records = cache.read(rows)
         self.backing.put(cache.row_keys[rows], records, existed=below)
@@ -219,6 +220,7 @@ class TierChain:
         cache = self.cache
         high = cache.alloc.high_water
         rows = np.flatnonzero(cache.is_dirty[:high] & cache.is_live[:high])
+        rows = rows[np.argsort(cache.row_keys[rows], kind="stable")]  # key order: see below
         for start in range(0, rows.shape[0], _FLUSH_CHUNK):
             self._write_down(rows[start : start + _FLUSH_CHUNK])
         self.counters["flushed"] += rows.shape[0]
