@@ -18,7 +18,10 @@ F4 = types.Array(types.float32, 1, "C")
 F8 = types.Array(types.float64, 1, "C")
 F4_2D = types.Array(types.float32, 2, "C")
 
-OPTS = {"nogil": True, "cache": True}
+# error_model "numpy": a float division by zero gives inf or nan, as in the numpy reference,
+# instead of a per-element zero check and exception, which kept LLVM from vectorising the
+# update loops (fused Adagrad, 16,384 rows of dim 64: 4.1 -> 2.2 ms on one thread)
+OPTS = {"nogil": True, "cache": True, "error_model": "numpy"}
 
 # Below this many keys the serial variant wins: waking numba's thread pool costs about 1.5 ms
 # per call here (measured on 10-key batches), more than probing thousands of keys.
