@@ -23,7 +23,6 @@ column stalled a step of a table growing to 1M rows (dim 64, Adagrad) for 400-60
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import sys
 from collections.abc import Iterator
@@ -75,11 +74,6 @@ def _reserve(column: np.ndarray, rows: int) -> np.ndarray | None:
         )
     except (OSError, ValueError, OverflowError):
         return None
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        # 2 MiB pages where the kernel allows them (as numpy asks for its own big arrays): a
-        # random row then costs no TLB miss walk, and growth takes 512x fewer page faults
-        with contextlib.suppress(OSError):
-            mapping.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(mapping, dtype=column.dtype).reshape(rows, *column.shape[1:])
 
 
