@@ -34,8 +34,8 @@ from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.config import DramConfig
 from evdb.hashindex import HashIndex, RowAllocator
 from evdb.kernels import cpu
+from evdb.kernels.cpu.evict import victim_candidates
 from evdb.records import RecordBatch
-from evdb.tiers import scoring
 from evdb.tiers.base import Tier
 
 _COLUMNS = (
@@ -81,6 +81,7 @@ class DramTier(Tier):
     """Rows in process memory; the top (and, until RocksDB is configured, bottom) tier."""
 
     name = "dram"
+    _evict_scratch: tuple[Int64Array, np.ndarray, BoolArray] | None = None
 
     def __init__(self, dim: int, n_slots: int, config: DramConfig) -> None:
         self.dim = dim
@@ -301,29 +302,61 @@ class DramTier(Tier):
         self, step: int, min_live_step: int, protect: Int64Array | None = None
     ) -> tuple[Int64Array, BoolArray]:
         """When over capacity, the lowest-score rows that bring it down to the low watermark,
-        and which of them have expired; pinned rows and ``protect`` rows are never victims
-        unless they have expired. Nothing is removed."""
+        and which of them have expired; pinned rows are never victims unless they have
+        expired, ``protect`` rows never. Nothing is removed.
+
+        Exact, not sampled: every candidate is scored in one numba pass over the columns
+        (``victim_candidates``) and ``argpartition`` picks the lowest. At 535,000 rows (60,000
+        victims) that takes 3.0 ms, where numpy's masks, gathers and float64 temporaries took
+        4.9. With ``evict_fraction`` 0.05 it runs once per 25,000 rows created (about every
+        16 steps of bench_tiers' spilling run: 0.2 ms a step), so sampling candidates
+        (Redis-style) or a score histogram would save under 0.2 ms a step, and would change
+        which rows go.
+        """
         cap = self.capacity_rows
         if cap is None or len(self) <= cap:
             return np.empty(0, dtype=np.int64), np.zeros(0, dtype=bool)
         target = int(cap * (1.0 - self.config.evict_fraction))
-        candidates = self.live_rows()
-        expired = scoring.is_expired(self.last_step[candidates], min_live_step)
-        candidates = candidates[~self.is_pinned[candidates] | expired]
+        high = self.alloc.high_water
+        rows, scores, expired = self._victim_scratch(high)
+        protected = np.zeros(high, dtype=bool)
         if protect is not None:
-            candidates = np.setdiff1d(candidates, protect, assume_unique=True)
-        n = min(len(self) - target, candidates.shape[0])
-        last = self.last_step[candidates]
-        if self.config.eviction == "lfu":
-            scores = scoring.lfu_scores(
-                self.freq[candidates], last, step, self.config.half_life_steps
+            protected[protect] = True
+        m = int(
+            victim_candidates(
+                self.is_live[:high],
+                self.is_pinned[:high],
+                protected,
+                self.freq[:high],
+                self.last_step[:high],
+                step,
+                self.config.half_life_steps,
+                min_live_step,
+                self.config.eviction == "lfu",
+                rows,
+                scores,
+                expired,
             )
-        else:
-            scores = scoring.lru_scores(last)
-        expired = scoring.is_expired(last, min_live_step)
-        scores[expired] = -np.inf
-        victims = np.argpartition(scores, n - 1)[:n] if n < candidates.shape[0] else slice(None)
-        return candidates[victims], expired[victims]
+        )
+        n = min(len(self) - target, m)
+        if n >= m:
+            return rows[:m].copy(), expired[:m].copy()
+        victims = np.argpartition(scores[:m], n - 1)[:n] if n > 0 else rows[:0]
+        return rows[victims], expired[victims]
+
+    def _victim_scratch(self, n: int) -> tuple[Int64Array, np.ndarray, BoolArray]:
+        """Reused out arrays of ``victim_candidates`` (at least n long): fresh ones would
+        cost a page fault per 4 KiB on every eviction."""
+        scratch = self._evict_scratch
+        if scratch is None or scratch[0].shape[0] < n:
+            size = max(n, n + n // 4)
+            scratch = (
+                np.empty(size, dtype=np.int64),
+                np.empty(size, dtype=np.float64),
+                np.empty(size, dtype=bool),
+            )
+            self._evict_scratch = scratch
+        return scratch
 
     def stats(self) -> dict[str, Any]:
         slab = sum(getattr(self, c)[: self.alloc.high_water].nbytes for c in _COLUMNS)

@@ -63,3 +63,47 @@ def test_expired_rows_go_first_and_are_counted_apart() -> None:
     assert not tier.get(hot_but_old)[0].any()
     assert tier.stats()["expired_evictions"] == 10
     assert tier.stats()["evictions"] == 5
+
+
+@pytest.mark.parametrize("eviction", ["lfu", "lru"])
+@pytest.mark.parametrize("seed", range(4))
+def test_victims_are_the_lowest_scores_of_the_rows_allowed(eviction: str, seed: int) -> None:
+    """choose_victims against a brute-force model: exactly len - watermark victims (or every
+    candidate, if fewer), none pinned unless expired, none protected, no freed row, expired
+    rows first, and no candidate left with a lower score than a victim."""
+    rng = np.random.default_rng(seed)
+    n, cap = 3000, 2000
+    tier = DramTier(DIM, SLOTS, DramConfig(capacity_rows=cap, eviction=eviction))
+    recs = records(n)
+    recs.freq[:] = rng.integers(0, 50, n).astype(np.uint32)
+    recs.last_step[:] = rng.integers(0, 400, n)
+    keys = rng.permutation(10 * n)[:n].astype(np.int64)
+    tier.put(keys, recs)
+    tier.remove(keys[rng.random(n) < 0.1])  # freed rows in the middle of the slab
+    live = tier.live_rows()
+    tier.pin(live[rng.random(live.shape[0]) < (0.2 if seed < 3 else 0.99)])
+    protect = live[rng.random(live.shape[0]) < 0.1]
+    protect = protect[~tier.is_pinned[protect]]
+    step, min_live = 450, 60
+
+    victims, expired = tier.choose_victims(step, min_live, protect)
+
+    dead = tier.last_step < min_live
+    allowed = tier.is_live & (~tier.is_pinned | dead)
+    allowed[protect] = False
+    candidates = np.flatnonzero(allowed[: tier.alloc.high_water])
+    want = min(len(tier) - int(cap * 0.95), candidates.shape[0])
+    assert victims.shape[0] == want == np.unique(victims).shape[0]
+    assert allowed[victims].all()
+    np.testing.assert_array_equal(expired, dead[victims])
+    if eviction == "lfu":
+        age = np.maximum(step - tier.last_step, 0)
+        score = tier.freq * np.exp2(-age / tier.config.half_life_steps)
+    else:
+        score = tier.last_step.astype(np.float64)
+    score[dead] = -np.inf
+    rest = np.setdiff1d(candidates, victims)
+    if rest.shape[0] and victims.shape[0]:
+        assert score[victims].max() <= score[rest].min()
+    tier.remove_rows(victims)  # what the chain does next: the tier stays consistent
+    assert len(tier) == live.shape[0] - want
