@@ -47,9 +47,8 @@ _WRITE_CHUNK = 65536  # rows per write batch: bounds the batch's memory
 # inserts them into the skip list nor flushes that memtable to an SST file again later.
 # 1,000,000 sorted 532-byte rows: write batches 0.85-1.4 s, SST file + ingestion 0.45-0.5 s.
 # db.flush() writes its dirty rows in chunks of this many (chain._FLUSH_CHUNK). Not for the
-# write-backs of eviction (35,000 rows at a time in bench_tiers' spilling run): ingesting them
-# from 16,384 rows made that run's reads of DRAM misses 3.4 -> 5.3-6.1 ms a step, since the
-# rows evicted last are no longer read from the memtable.
+# small write-backs of eviction: each ingestion of an SST file that overlaps the memtable
+# first flushes the memtable, so many small ingestions would leave many small L0 files.
 INGEST_FROM_ROWS = 65536
 _COMPRESSION = {
     "lz4": rocksdict.DBCompressionType.lz4,
