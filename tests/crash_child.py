@@ -10,7 +10,6 @@ import sys
 import numpy as np
 
 import evdb
-from evdb.tiers import rocks
 
 FLUSH_EVERY = 5
 
@@ -35,9 +34,6 @@ def digest(db: evdb.Database) -> str:
 
 
 def main(path: str, seed: int, log_path: str) -> None:
-    if seed % 2:  # odd seeds: every sorted put of 8 rows or more (the victims written back,
-        # the flush's rows) goes through an SST file and ingestion, as a big flush does
-        rocks.INGEST_FROM_ROWS = 8
     db = evdb.open(path)
     t = db.create_table(
         "t",

@@ -5,8 +5,7 @@ few steps, logging the digest of the state it is about to flush ("pre STEP DIGES
 flush that returned ("done STEP"). The parent kills it with SIGKILL at a random moment, then
 reopens the directory: the step must be that of the last completed flush (or of the flush in
 progress, if it completed but its "done" line was not written yet), and the whole state must
-hash to the digest logged for that step. Odd seeds write rows down through SST files that
-RocksDB ingests (``rocks.INGEST_FROM_ROWS`` lowered to 8), the path of a large flush.
+hash to the digest logged for that step.
 """
 
 from __future__ import annotations

@@ -42,14 +42,10 @@ DiskDtype = Literal["float32", "float16"]
 
 _SIGN = np.uint64(1 << 63)
 _WRITE_CHUNK = 65536  # rows per write batch: bounds the batch's memory
-# Rows of one put (distinct keys, sorted) from which they are written to an SST file and
-# ingested, instead of going through write batches and the memtable: RocksDB then neither
-# inserts them into the skip list nor flushes that memtable to an SST file again later.
-# 1,000,000 sorted 532-byte rows: write batches 0.85-1.4 s, SST file + ingestion 0.45-0.5 s.
-# db.flush() writes its dirty rows in chunks of this many (chain._FLUSH_CHUNK). Not for the
-# small write-backs of eviction: each ingestion of an SST file that overlaps the memtable
-# first flushes the memtable, so many small ingestions would leave many small L0 files.
-INGEST_FROM_ROWS = 65536
+# Big puts stay on write batches, not SST files that RocksDB ingests: ingestion made db.flush()
+# of 1M sorted rows 1.2 -> 1.0 s, but rocksdict's SstFileWriter drops its files from the OS page
+# cache, so the next checkpoint's digests and any scan read them back from disk (a checkpoint
+# of 5M rows after their flush: 0.22 -> 4.9 s; Table.neighbors over rows on disk 600 -> 410K/s).
 _COMPRESSION = {
     "lz4": rocksdict.DBCompressionType.lz4,
     "zstd": rocksdict.DBCompressionType.zstd,
@@ -223,32 +219,6 @@ class RocksStore:
                     map(batch.put, chunk, values[start : start + _WRITE_CHUNK]), maxlen=0
                 )
             self.db.write(batch, self._write)
-
-    def ingest_rows(self, name: str, keys: list[bytes], values: list[bytes]) -> None:
-        """Put rows of a column family through one SST file that RocksDB then ingests (links
-        into its own files): keys distinct and in byte order. The same durability as
-        ``write_rows``: the rows are in the working copy, and only a checkpoint keeps them.
-        RocksDB gives the ingested file a sequence number above every write before it, so
-        its rows replace older copies of the same keys; a memtable that overlaps it is
-        flushed first. The temporary file lives in the store's directory (a hard link away
-        from RocksDB's) and is removed whatever happens; a crash may leave it behind in the
-        working copy, which the reopen replaces with the last checkpoint anyway."""
-        compression = self._compression[name]
-        fd, tmp = tempfile.mkstemp(prefix="ingest-", suffix=".sst.tmp", dir=self.path)
-        os.close(fd)
-        try:
-            writer = rocksdict.SstFileWriter(_options(compression, self._cache))
-            writer.open(tmp)
-            collections.deque(map(writer.__setitem__, keys, values), maxlen=0)
-            writer.finish()
-            opts = rocksdict.IngestExternalFileOptions()
-            opts.set_move_files(True)
-            self.column_family(name, compression).ingest_external_file([tmp], opts)
-        finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
 
     # -- metadata (default column family) -------------------------------------------------
     def put_meta(self, items: dict[str, bytes]) -> None:
@@ -468,11 +438,7 @@ class RocksTier(Tier):
             return
         if existed is None:
             existed = self.exists(keys)
-        encoded, packed = encode_keys(keys), self._pack(records)
-        if keys.shape[0] >= INGEST_FROM_ROWS and bool(np.all(keys[1:] > keys[:-1])):
-            self.store.ingest_rows(self.column_family, encoded, packed)
-        else:
-            self.store.write_rows(self.column_family, encoded, packed)
+        self.store.write_rows(self.column_family, encode_keys(keys), self._pack(records))
         self.filter.add(keys[~existed])
         self._rows += int(keys.shape[0] - np.count_nonzero(existed))
         self.counters["puts"] += keys.shape[0]

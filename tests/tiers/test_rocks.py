@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evdb.tiers import rocks
 from evdb.tiers.keyfilter import KeyFilter
 from evdb.tiers.rocks import RocksStore, RocksTier, decode_keys, encode_keys
 
@@ -28,55 +27,6 @@ class TestRocksTier(TierContract):
     @pytest.fixture
     def tier(self, store: RocksStore) -> RocksTier:
         return RocksTier(store, "t.x", DIM, SLOTS)
-
-
-class TestRocksTierIngesting(TestRocksTier):
-    """The contract again with every sorted put of 2 rows or more written as an SST file and
-    ingested (``INGEST_FROM_ROWS``), as ``db.flush()`` does with its chunks of 65,536."""
-
-    @pytest.fixture(autouse=True)
-    def ingest_small_puts(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(rocks, "INGEST_FROM_ROWS", 2)
-
-
-def test_ingested_rows_replace_older_copies_in_memtable_and_files(
-    store: RocksStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Ingestion and write batches mixed: the latest put of a key wins wherever the older
-    copy is (memtable, SST file, an earlier ingested file), deletes stay deleted, len is
-    exact, and no temporary file is left in the store's directory."""
-    monkeypatch.setattr(rocks, "INGEST_FROM_ROWS", 50)
-    tier = RocksTier(store, "t.x", DIM, SLOTS)
-    rng = np.random.default_rng(3)
-    model: dict[int, bytes] = {}
-    written = 0
-    for round_ in range(8):
-        n = int(rng.choice([10, 60, 200]))  # below and above the threshold
-        keys = rng.choice(np.arange(-500, 500, dtype=np.int64), n, replace=False)
-        if round_ % 2:
-            keys.sort()  # sorted: ingested when n >= 50; shuffled: write batches
-        recs = records(n)
-        recs.values[:] = rng.standard_normal((n, DIM)).astype(np.float32)
-        tier.put(keys, recs)
-        written += n
-        model.update(zip(keys.tolist(), (v.tobytes() for v in recs.values), strict=True))
-        gone = rng.choice(np.array(sorted(model), dtype=np.int64), 5, replace=False)
-        tier.remove(gone)
-        for k in gone.tolist():
-            del model[k]
-        if round_ == 3:
-            store.db.flush()  # some copies in SST files from the memtable too
-    want = np.array(sorted(model), dtype=np.int64)
-    found, got = tier.get(want)
-    assert found.all() and len(tier) == len(model)
-    assert [v.tobytes() for v in got.values] == [model[k] for k in want.tolist()]
-    assert {
-        k: v.tobytes()
-        for ks, r in tier.scan(64)
-        for k, v in zip(ks.tolist(), r.values, strict=True)
-    } == model
-    assert not [p for p in Path(store.path).iterdir() if p.name.startswith("ingest-")]
-    assert tier.stats()["puts"] == written
 
 
 int64s = st.integers(-(2**63), 2**63 - 1)
