@@ -45,7 +45,8 @@ _WRITE_CHUNK = 65536  # rows per write batch: bounds the batch's memory
 # Big puts stay on write batches, not SST files that RocksDB ingests: ingestion made db.flush()
 # of 1M sorted rows 1.2 -> 1.0 s, but rocksdict's SstFileWriter drops its files from the OS page
 # cache, so the next checkpoint's digests and any scan read them back from disk (a checkpoint
-# of 5M rows after their flush: 0.22 -> 4.9 s; Table.neighbors over rows on disk 600 -> 410K/s).
+# of 5M rows after their flush: 0.22 -> 4.9 s; Table.neighbors over rows on disk 480-590K/s ->
+# 400-425K/s).
 _COMPRESSION = {
     "lz4": rocksdict.DBCompressionType.lz4,
     "zstd": rocksdict.DBCompressionType.zstd,
