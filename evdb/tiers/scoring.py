@@ -1,13 +1,11 @@
-"""Victim scores and the TTL verdict, as pure functions of record fields.
+"""The TTL verdict as a pure function of the step: the oldest ``last_step`` still live.
 
-Lowest score is evicted first. Expired rows score -inf so they go before any live row.
+A row is expired when ``last_step < min_live_step(step, ttl_steps)``. The victim scores that
+eviction ranks rows by (LFU with ageing, LRU; expired rows -inf) live with the eviction scan,
+``evdb.kernels.reference.evict``, which the numba kernel matches.
 """
 
 from __future__ import annotations
-
-import numpy as np
-
-from evdb._types import BoolArray, Int64Array
 
 
 def min_live_step(step: int, ttl_steps: int | None) -> int:
@@ -15,21 +13,3 @@ def min_live_step(step: int, ttl_steps: int | None) -> int:
     if ttl_steps is None or step - ttl_steps < -(2**63):
         return -(2**63)
     return step - ttl_steps
-
-
-def is_expired(last_step: Int64Array, min_live: int) -> BoolArray:
-    return last_step < min_live
-
-
-def lfu_scores(
-    freq: np.ndarray, last_step: Int64Array, step: int, half_life_steps: int
-) -> np.ndarray:
-    """LFU with ageing: pull count halved for every ``half_life_steps`` since the last touch
-    (TFRA/HKV's "LFU" would never forget a once-hot key; DeepRec ages by step the same way)."""
-    age = np.maximum(step - last_step, 0).astype(np.float64)
-    return freq.astype(np.float64) * np.exp2(-age / half_life_steps)
-
-
-def lru_scores(last_step: Int64Array) -> np.ndarray:
-    """LRU: the least recently touched row goes first."""
-    return last_step.astype(np.float64)

@@ -28,8 +28,9 @@ def victim_candidates(
     bool, freq (h,) uint32, last_step (h,) int64. A row is a candidate when it is live and
     not protected, and either not pinned or expired (``last_step < min_live_step``). Its score
     (lowest evicted first) is ``-inf`` when expired, else ``freq * 2 ** (-age /
-    half_life_steps)`` with ``age = max(step - last_step, 0)`` (``lfu``; see
-    ``evdb.tiers.scoring.lfu_scores``) or ``last_step`` (LRU), as float64. Writes candidate
+    half_life_steps)`` with ``age = max(step - last_step, 0)`` (``lfu``: the pull
+    count halved every ``half_life_steps`` since the last touch, as DeepRec ages it; TFRA's and
+    HKV's LFU never forget a once-hot key) or ``last_step`` (LRU), as float64. Writes candidate
     rows (int64), scores (float64) and expired flags (bool) into the first m entries of the
     out arrays (at least h long); returns m.
     """
