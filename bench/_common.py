@@ -12,6 +12,7 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -181,6 +182,20 @@ def fill(t: evdb.Table, keys: Any, values: np.ndarray, chunk: int = 65_536) -> N
     """Upsert rows a chunk at a time (as a loader would)."""
     for start in range(0, values.shape[0], chunk):
         t.upsert(keys[start : start + chunk], values[start : start + chunk])
+
+
+def adagrad_table_in_dram(
+    prefix: str, rows: int, dim: int, rng: np.random.Generator
+) -> tuple[evdb.Database, evdb.Table, np.ndarray]:
+    """A fresh database with one Adagrad table of ``rows`` rows of ones, all in DRAM, whose
+    keys are drawn from [-2**62, 2**62) (keys from 2**62 up are free for new ones): the table
+    bench_threads and profile_pull time pulls and lookups on."""
+    db = evdb.open(tempfile.mkdtemp(prefix=prefix))
+    t = db.create_table("t", dim=dim, optimizer=evdb.optim.Adagrad(lr=0.05), disk=False)
+    keys = rng.integers(-(2**62), 2**62, rows)
+    for chunk in np.array_split(keys, 16):
+        t.upsert(chunk, np.ones((chunk.shape[0], dim), np.float32))
+    return db, t, keys
 
 
 def fs_of(path: str) -> str:

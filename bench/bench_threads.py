@@ -15,16 +15,13 @@ Run from the repository root: ``.venv/bin/python bench/bench_threads.py``.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numba
 import numpy as np
-from _common import cpu_line, print_table, versions_line, wall_line
-
-import evdb
+from _common import adagrad_table_in_dram, cpu_line, print_table, versions_line, wall_line
 
 
 def median_s(fn: Callable[[], Any], repeat: int) -> float:
@@ -58,11 +55,7 @@ def main() -> None:
     print(versions_line("-"))
     print(f"setup       {args.rows:,} rows, dim {args.dim}, Adagrad, all in DRAM")
     rng = np.random.default_rng(0)
-    db = evdb.open(tempfile.mkdtemp(prefix="evdb-threads-"))
-    t = db.create_table("t", dim=args.dim, optimizer=evdb.optim.Adagrad(lr=0.05), disk=False)
-    keys = rng.integers(-(2**62), 2**62, args.rows)
-    for chunk in np.array_split(keys, 16):
-        t.upsert(chunk, np.ones((chunk.shape[0], args.dim), np.float32))
+    db, t, keys = adagrad_table_in_dram("evdb-threads-", args.rows, args.dim, rng)
 
     look = rng.choice(keys, 1_000_000)
     out = np.empty((look.shape[0], args.dim), np.float32)

@@ -14,15 +14,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _common import cpu_line, print_table, versions_line, wall_line
-
-import evdb
+from _common import adagrad_table_in_dram, cpu_line, print_table, versions_line, wall_line
 
 
 def profile(
@@ -68,11 +65,7 @@ def main() -> None:
     print(versions_line("-"))
     print(f"setup       {args.rows:,} rows, dim {args.dim}, Adagrad, all in DRAM")
     rng = np.random.default_rng(0)
-    db = evdb.open(tempfile.mkdtemp(prefix="evdb-profile-"))
-    t = db.create_table("t", dim=args.dim, optimizer=evdb.optim.Adagrad(lr=0.05), disk=False)
-    keys = rng.integers(-(2**62), 2**62, args.rows)
-    for chunk in np.array_split(keys, 16):
-        t.upsert(chunk, np.ones((chunk.shape[0], args.dim), np.float32))
+    db, t, keys = adagrad_table_in_dram("evdb-profile-", args.rows, args.dim, rng)
     for batch in args.batches:
         hits = [rng.choice(keys, batch) for _ in range(args.repeat)]
         fresh = [  # warm-up, timed and profiled calls each create their own new rows
