@@ -22,7 +22,7 @@ from evdb.kernels.cpu._common import (
     u8,
 )
 from evdb.kernels.cpu.index import probe_range
-from evdb.kernels.cpu.init import default_element
+from evdb.kernels.cpu.init import default_row
 
 BAG_CHUNK = 32  # bags per task; their keys are hashed and prefetched together
 NORM_EPS = 1e-7
@@ -100,8 +100,7 @@ def _pgc_chunk(  # type: ignore[no-untyped-def]
                 if div == 0.0:
                     continue
                 kb = np.uint64(keys[p])
-                for j in range(dim):
-                    scratch[0, j] = default_element(init_kind, init_seed, init_a, init_b, kb, j)
+                default_row(init_kind, init_seed, init_a, init_b, kb, scratch, 0)
                 src = scratch
                 r = 0
             if div == 0.0:
