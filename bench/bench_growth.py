@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 import torch
-from _common import cpu_line, print_table, versions_line, wall_line
+from _common import cpu_line, discard, print_table, versions_line, wall_line
 from torch import nn
 
 import evdb
@@ -84,7 +84,7 @@ def run_raw(args: argparse.Namespace, data: list[np.ndarray]) -> np.ndarray:
         table.push(p, p.combine_backward(ones, offsets, combiner="sum"))
         db.advance()
         times.append(time.perf_counter() - t0)
-    db.close()
+    discard(db)
     return np.array(times)
 
 
@@ -103,7 +103,7 @@ def run_evdb(args: argparse.Namespace, data: list[np.ndarray]) -> tuple[np.ndarr
         db.advance()
         times.append(time.perf_counter() - t0)
     rows = len(table)
-    db.close()
+    discard(db)
     return np.array(times), rows
 
 

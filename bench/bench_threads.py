@@ -21,7 +21,7 @@ from typing import Any
 
 import numba
 import numpy as np
-from _common import adagrad_table_in_dram, cpu_line, print_table, versions_line, wall_line
+from _common import adagrad_table_in_dram, cpu_line, discard, print_table, versions_line, wall_line
 
 
 def median_s(fn: Callable[[], Any], repeat: int) -> float:
@@ -105,7 +105,7 @@ def main() -> None:
         ["keys", "lookup keys/s", "pull hits", "vs lookup", "pull 10% new", "vs lookup"], rows
     )
     print(wall_line())
-    db.close()
+    discard(db)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _common import adagrad_table_in_dram, cpu_line, print_table, versions_line, wall_line
+from _common import adagrad_table_in_dram, cpu_line, discard, print_table, versions_line, wall_line
 
 
 def profile(
@@ -91,7 +91,7 @@ def main() -> None:
             )
             print_table(["function (own time)", "calls", "us per pull"], top, first_left=1)
     print(wall_line())
-    db.close()
+    discard(db)
 
 
 if __name__ == "__main__":
