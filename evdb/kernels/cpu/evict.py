@@ -6,12 +6,9 @@ one 3.0). A host-side helper, not in the kernel registry."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit
 
-from evdb.kernels.cpu._common import F8, I8, OPTS, b1, i8
-
-B1 = types.Array(types.boolean, 1, "C")
-U4 = types.Array(types.uint32, 1, "C")
+from evdb.kernels.cpu._common import B1, F8, I8, OPTS, U4, b1, i8
 
 
 @njit(i8(B1, B1, B1, U4, I8, i8, i8, i8, b1, I8, F8, B1), **OPTS)

@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit, prange, types
 
 from evdb.kernels.cpu._common import (
+    B1,
     F4_2D,
     I4,
     I8,
@@ -20,6 +21,7 @@ from evdb.kernels.cpu._common import (
     OPTS,
     PARALLEL_MIN_KEYS,
     U1,
+    U8,
     copy_row,
     i8,
     mix64,
@@ -276,10 +278,6 @@ def sketch_add(counters, keys, counts, n_hashes, seed, out):  # type: ignore[no-
             p = np.int64((h1 + np.uint64(h) * h2) % width)
             best = min(best, np.int64(counters[p]))
         out[i] = best if n_hashes > 0 else 0
-
-
-U8 = types.Array(types.uint64, 1, "C")
-B1 = types.Array(types.boolean, 1, "C")
 
 
 @njit(types.void(U8, I8, i8, u8), **OPTS)

@@ -6,11 +6,9 @@ the kernel registry."""
 
 from __future__ import annotations
 
-from numba import njit, types
+from numba import njit
 
-from evdb.kernels.cpu._common import F4_2D, I8, OPTS, i8
-
-B1 = types.Array(types.boolean, 1, "C")
+from evdb.kernels.cpu._common import B1, F4_2D, I8, OPTS, i8
 
 
 @njit(i8(I8, F4_2D, I8, B1, I8, F4_2D, I8, B1, I8, F4_2D, I8, B1), **OPTS)

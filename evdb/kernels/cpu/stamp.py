@@ -10,19 +10,18 @@ import numpy as np
 from numba import njit, prange, types
 
 from evdb.kernels.cpu._common import (
+    B1,
     F4_2D,
     I8,
     OPTS,
     U1,
+    U4,
+    U8,
     copy_row,
     i8,
     prefetch,
     prefetch_write,
 )
-
-U4 = types.Array(types.uint32, 1, "C")
-U8 = types.Array(types.uint64, 1, "C")
-B1 = types.Array(types.boolean, 1, "C")
 
 
 @njit(types.UniTuple(i8, 2)(I8, U1, i8, i8, i8, I8, U8, B1), **OPTS)
