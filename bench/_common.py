@@ -199,6 +199,19 @@ def adagrad_table_in_dram(
     return db, t, keys
 
 
+def batches_with_new_keys(
+    rng: np.random.Generator, keys: np.ndarray, batch: int, n: int
+) -> list[np.ndarray]:
+    """n batches of ``batch`` keys of the table from adagrad_table_in_dram, 10% of each new
+    (drawn from [2**62, 2**63), where the table has none): every pull of one creates rows."""
+    return [
+        np.concatenate(
+            [rng.choice(keys, batch - batch // 10), rng.integers(2**62, 2**63 - 1, batch // 10)]
+        )
+        for _ in range(n)
+    ]
+
+
 def discard(db: evdb.Database) -> None:
     """Close a benchmark's scratch database and delete its directory. Its tables are dropped
     first: ``close`` would otherwise write every DRAM row into the directory (0.5-0.8 GB for

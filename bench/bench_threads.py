@@ -21,7 +21,15 @@ from typing import Any
 
 import numba
 import numpy as np
-from _common import adagrad_table_in_dram, cpu_line, discard, print_table, versions_line, wall_line
+from _common import (
+    adagrad_table_in_dram,
+    batches_with_new_keys,
+    cpu_line,
+    discard,
+    print_table,
+    versions_line,
+    wall_line,
+)
 
 
 def median_s(fn: Callable[[], Any], repeat: int) -> float:
@@ -80,12 +88,7 @@ def main() -> None:
     rows = []
     for batch in (16_384, 65_536, 262_144):
         hits = [rng.choice(keys, batch) for _ in range(8)]
-        fresh = [
-            np.concatenate(
-                [rng.choice(keys, batch - batch // 10), rng.integers(2**62, 2**63 - 1, batch // 10)]
-            )
-            for _ in range(args.repeat)
-        ]
+        fresh = batches_with_new_keys(rng, keys, batch, args.repeat)
         buffer = np.empty((batch, args.dim), np.float32)  # lookups reuse one (no page faults)
         lookup = median_s(Turns(lambda k, o=buffer: t.lookup(k, out=o), hits), args.repeat)
         pull = median_s(Turns(t.pull, hits), args.repeat)

@@ -19,7 +19,15 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _common import adagrad_table_in_dram, cpu_line, discard, print_table, versions_line, wall_line
+from _common import (
+    adagrad_table_in_dram,
+    batches_with_new_keys,
+    cpu_line,
+    discard,
+    print_table,
+    versions_line,
+    wall_line,
+)
 
 
 def profile(
@@ -69,16 +77,7 @@ def main() -> None:
     for batch in args.batches:
         hits = [rng.choice(keys, batch) for _ in range(args.repeat)]
         fresh = [  # warm-up, timed and profiled calls each create their own new rows
-            [
-                np.concatenate(
-                    [
-                        rng.choice(keys, batch - batch // 10),
-                        rng.integers(2**62, 2**63 - 1, batch // 10),
-                    ]
-                )
-                for _ in range(args.repeat)
-            ]
-            for _ in range(3)
+            batches_with_new_keys(rng, keys, batch, args.repeat) for _ in range(3)
         ]
         buffer = np.empty((batch, args.dim), np.float32)
         lookup, _ = profile(lambda k, o=buffer: t.lookup(k, out=o), [hits] * 3, 0)
