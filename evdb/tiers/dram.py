@@ -90,7 +90,7 @@ class DramTier(Tier):
     """Rows in process memory; the top (and, until RocksDB is configured, bottom) tier."""
 
     name = "dram"
-    _evict_scratch: tuple[Int64Array, np.ndarray, BoolArray] | None = None
+    _evict_scratch: tuple[Int64Array, np.ndarray, BoolArray, BoolArray] | None = None
 
     def __init__(self, dim: int, n_slots: int, config: DramConfig) -> None:
         self.dim = dim
@@ -327,8 +327,9 @@ class DramTier(Tier):
             return np.empty(0, dtype=np.int64), np.zeros(0, dtype=bool)
         target = int(cap * (1.0 - self.config.evict_fraction))
         high = self.alloc.high_water
-        rows, scores, expired = self._victim_scratch(high)
-        protected = np.zeros(high, dtype=bool)
+        rows, scores, expired, protected = self._victim_scratch(high)
+        protected = protected[:high]
+        protected[:] = False
         if protect is not None:
             protected[protect] = True
         m = int(
@@ -350,18 +351,19 @@ class DramTier(Tier):
         n = min(len(self) - target, m)
         if n >= m:
             return rows[:m].copy(), expired[:m].copy()
-        victims = np.argpartition(scores[:m], n - 1)[:n] if n > 0 else rows[:0]
+        victims = np.argpartition(scores[:m], n - 1)[:n]  # n >= 1: len(self) > cap > target
         return rows[victims], expired[victims]
 
-    def _victim_scratch(self, n: int) -> tuple[Int64Array, np.ndarray, BoolArray]:
-        """Reused out arrays of ``victim_candidates`` (at least n long): fresh ones would
-        cost a page fault per 4 KiB on every eviction."""
+    def _victim_scratch(self, n: int) -> tuple[Int64Array, np.ndarray, BoolArray, BoolArray]:
+        """Reused arrays of ``victim_candidates`` (its outputs and the protected mask, at
+        least n long): fresh ones would cost a page fault per 4 KiB on every eviction."""
         scratch = self._evict_scratch
         if scratch is None or scratch[0].shape[0] < n:
             size = max(n, n + n // 4)
             scratch = (
                 np.empty(size, dtype=np.int64),
                 np.empty(size, dtype=np.float64),
+                np.empty(size, dtype=bool),
                 np.empty(size, dtype=bool),
             )
             self._evict_scratch = scratch
