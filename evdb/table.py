@@ -423,6 +423,19 @@ class Table:
             _frees=self._dram.frees,
         )
 
+    def prefetch(self, keys: Any) -> None:
+        """Start reading from disk, on a background thread, the rows of keys that DRAM does
+        not hold, so that the ``pull`` or ``lookup`` of them that follows finds them read.
+
+        Call it with the next batch's keys before training on the current one. A hint: it
+        changes no row, counts nothing toward admission and changes no result (a row written
+        down or removed after the prefetch is read again). Each call replaces the one before;
+        a table that has spilled nothing returns at once.
+        """
+        k = self._keys(keys)
+        if self._chain.has_rows_below:
+            self._chain.prefetch(np.unique(k))
+
     def push(self, pulled: Pulled, grads: Any, *, per_position: bool = False) -> None:
         """Apply the table's optimizer to the pulled rows, in place.
 

@@ -1,6 +1,7 @@
-"""The child process of ``test_crash.py``: trains a spilling table with a flush every few
-steps until it is killed, logging the state digest it is about to flush and each flush that
-completed. Run as ``python crash_child.py DB_PATH SEED LOG``."""
+"""The child process of ``test_crash.py``: trains a spilling table, reading each next batch
+ahead (``Table.prefetch``), with a flush every few steps until it is killed, logging the state
+digest it is about to flush and each flush that completed. Run as
+``python crash_child.py DB_PATH SEED LOG``."""
 
 from __future__ import annotations
 
@@ -45,9 +46,11 @@ def main(path: str, seed: int, log_path: str) -> None:
     )
     rng = np.random.default_rng(seed)
     with open(log_path, "a") as log:
+        upcoming = rng.integers(0, 3000, 256)
         while True:
-            keys = rng.integers(0, 3000, 256)
+            keys, upcoming = upcoming, rng.integers(0, 3000, 256)
             p = t.pull(keys)
+            t.prefetch(upcoming)  # a kill may land while the reader thread reads ahead
             t.push(p, rng.standard_normal((p.keys.shape[0], 8)).astype(np.float32))
             if rng.random() < 0.2:
                 t.delete(rng.integers(0, 3000, 20))

@@ -271,3 +271,45 @@ def test_rows_written_down_in_key_order_keep_their_own_records(
         assert {k: v.tobytes() for k, v in snapshot(t).items()} == want
     with evdb.open(tmp_path) as db:
         assert {k: v.tobytes() for k, v in snapshot(db.table("t")).items()} == want
+
+
+def test_prefetch_changes_no_result_and_serves_the_next_pull(tmp_path: Path) -> None:
+    """Two spilling tables fed the same steps (pulls, pushes, deletes, upserts, TTL expiry),
+    one told some next batches ahead: every pull, lookup and final row is the same."""
+    rng = np.random.default_rng(7)
+    steps = 40
+    batches = [rng.integers(0, 400, 64) for _ in range(steps + 1)]
+    grads = rng.standard_normal((steps, 64, 4)).astype(np.float32)
+    tables = []
+    for name in ("plain", "ahead"):
+        db = evdb.open(tmp_path / name)
+        t = db.create_table(
+            "t", dim=4, dram_rows=48, ttl_steps=25, optimizer=evdb.optim.Adagrad(lr=0.1)
+        )
+        tables.append((db, t))
+    for i in range(steps):
+        got = []
+        for db, t in tables:
+            if t is tables[1][1] and i == 0:
+                t.prefetch(batches[0])
+            p = t.pull(batches[i])
+            if t is tables[1][1] and i % 3 == 0:  # a read ahead lives on for 3 steps,
+                t.prefetch(batches[i + 1])  # while its rows are written back and read again
+            t.push(p, grads[i, : p.keys.shape[0]])
+            if i % 7 == 3:  # remove and rewrite rows the read ahead may hold
+                t.delete(batches[i + 1][:5])
+                t.upsert(batches[i + 1][5:9], np.full((4, 4), float(i), np.float32))
+            db.advance()
+            got.append((p.keys, p.rows.copy(), t.lookup(batches[i + 1])))
+        for a, b in zip(got[0], got[1], strict=True):
+            np.testing.assert_array_equal(a, b)
+    (db0, plain), (db1, ahead) = tables
+    rows, rows_ahead = snapshot(plain), snapshot(ahead)
+    assert sorted(rows) == sorted(rows_ahead)
+    for k, v in rows.items():
+        np.testing.assert_array_equal(v, rows_ahead[k])
+    disk = ahead.stats()["tiers"]["rocksdb"]
+    assert disk["read_ahead_used"] > 100  # the pulls and lookups took rows read ahead
+    assert plain.stats()["tiers"]["rocksdb"]["read_ahead_used"] == 0
+    db0.close()
+    db1.close()

@@ -136,6 +136,13 @@ class TierChain:
         assert self.backing is not None
         return self.backing.get(keys)
 
+    def prefetch(self, keys: Int64Array) -> None:
+        """Read ahead, below, the rows of distinct keys that the cache does not hold."""
+        if not self.has_rows_below:
+            return
+        assert self.backing is not None
+        self.backing.prefetch(keys[self.cache.locate(keys) < 0])
+
     def count_cache_reads(self, hits: int, misses: int) -> None:
         self.counters["hits"] += hits
         self.counters["misses"] += misses
@@ -446,6 +453,9 @@ class ChainTier(Tier):
             gone[rest] = below
             chain.below_steps.sub(np.zeros(int(np.count_nonzero(below)), dtype=np.int64))
         return gone
+
+    def prefetch(self, keys: Int64Array) -> None:
+        self.chain.prefetch(keys)
 
     def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
         """Every row once (the chain's scan). A caller may remove rows of a chunk before

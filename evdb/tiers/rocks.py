@@ -22,7 +22,8 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -183,6 +184,21 @@ class RocksStore:
         # (a property at runtime, though rocksdict's stubs declare a method)
         setattr(self._write, "disable_wal", True)  # noqa: B010
         self._handles: dict[str, rocksdict.Rdict] = {}  # each pins the DB until closed
+        self._reader: ThreadPoolExecutor | None = None  # prefetches' thread, made on first use
+
+    # -- reads on a background thread -----------------------------------------------------
+    def read_later(self, read: Callable[[], Any]) -> Future[Any]:
+        """Run ``read`` on the store's reader thread (RocksDB reads are thread-safe, and
+        rocksdict lets go of the GIL inside them). ``close`` and ``drop_column_family``
+        wait for what is queued, so no read outlives its column family."""
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="evdb-prefetch")
+        return self._reader.submit(read)
+
+    def _wait_for_reads(self) -> None:
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
 
     # -- column families ------------------------------------------------------------------
     def column_family(self, name: str, compression: Compression) -> rocksdict.Rdict:
@@ -196,6 +212,7 @@ class RocksStore:
 
     def drop_column_family(self, name: str) -> None:
         if name in self._compression:
+            self._wait_for_reads()
             handle = self._handles.pop(name, None)
             if handle is not None:
                 handle.close()
@@ -257,6 +274,7 @@ class RocksStore:
         os.replace(tmp, dest)
 
     def close(self) -> None:
+        self._wait_for_reads()
         for handle in self._handles.values():
             handle.close()
         self._handles.clear()
@@ -343,11 +361,41 @@ def scan_keys(cf: rocksdict.Rdict, chunk_rows: int) -> Iterator[Int64Array]:
         yield decode_keys(b"".join(chunk))
 
 
+_UNREAD = object()  # a key the read-ahead did not read (None: read, and not stored)
+
+
+class _ReadAhead:
+    """The rows ``RocksTier.prefetch`` read: record bytes (None: not stored) by encoded key.
+
+    The read runs on the store's reader thread. A put or remove of a key makes its read-ahead
+    copy stale; until the read is collected (``RocksTier._read_ahead``) the written keys are
+    logged and dropped from it then, because the read may have seen either version.
+    """
+
+    def __init__(self, future: Future[Any], keys: list[bytes]) -> None:
+        self.future = future
+        self.keys = keys
+        self.rows: dict[bytes, Any] | None = None
+        self.written: list[list[bytes]] = []
+
+    def forget(self, keys: list[bytes]) -> None:
+        if self.rows is None:
+            self.written.append(keys)
+        else:
+            collections.deque(map(self.rows.pop, keys, itertools.repeat(None)), maxlen=0)
+
+
 class RocksTier(Tier):
     """One table's rows in its column family. Satisfies the ``Tier`` contract.
 
     ``len`` is exact: the tier counts its rows, and callers that already know whether keys
     are stored (the chain keeps a bit per cached row) say so, sparing a read per write.
+
+    ``prefetch`` reads a coming batch's rows on the store's reader thread (as FBGEMM's SSD
+    table and HugeCTR's parameter server read the next batch's misses while the current one
+    trains); the ``get`` after it takes what was read ahead and reads only the rest. Only
+    reads move off the caller's thread, so the crash contract (a flush is the cut) is the
+    same: a read ahead never writes.
     """
 
     name = "rocksdb"
@@ -371,6 +419,7 @@ class RocksTier(Tier):
         self._record = disk_dtype(dim, n_slots, dtype)
         self._rows = 0
         self.filter = KeyFilter()  # keys ever written: a miss it rules out costs no read
+        self._ahead: _ReadAhead | None = None
         self.counters = {
             "hits": 0,
             "misses": 0,
@@ -378,6 +427,8 @@ class RocksTier(Tier):
             "puts": 0,
             "removes": 0,
             "f16_overflow": 0,
+            "read_ahead": 0,  # keys prefetch read
+            "read_ahead_used": 0,  # keys a get took from a read ahead instead of reading
         }
 
     # -- capabilities ---------------------------------------------------------------------
@@ -419,7 +470,16 @@ class RocksTier(Tier):
             return found, self._unpack(b"")
         maybe = maybe[np.argsort(keys[maybe], kind="stable")]  # key order: blocks read once
         encoded: list[Any] = encode_keys(keys[maybe])
-        got = np.array(self.cf.get(encoded), dtype=object)  # one multi-get
+        ahead = self._read_ahead()
+        if ahead is None:
+            got = np.array(self.cf.get(encoded), dtype=object)  # one multi-get
+        else:
+            got = np.array(list(map(ahead.get, encoded, itertools.repeat(_UNREAD))), dtype=object)
+            unread = np.flatnonzero(got == _UNREAD)
+            self.counters["read_ahead_used"] += len(encoded) - unread.shape[0]
+            if unread.shape[0]:
+                rest = np.array(encoded, dtype=object)[unread].tolist()
+                got[unread] = np.array(self.cf.get(rest), dtype=object)
         hit: BoolArray = got != None  # noqa: E711 (elementwise, not identity)
         at = maybe[hit]
         found[at] = True
@@ -432,6 +492,37 @@ class RocksTier(Tier):
         found, _ = self.get(keys)
         return found
 
+    def prefetch(self, keys: Int64Array) -> None:
+        """Read the rows of distinct keys on the reader thread, for the next ``get``; keys
+        the filter rules out are not read. It replaces the read ahead before it."""
+        self._ahead = None
+        maybe = keys[self.filter.may_contain(keys)]
+        if maybe.shape[0] == 0:
+            return
+        encoded: list[Any] = encode_keys(np.sort(maybe))  # key order: blocks read once
+        cf = self.cf
+        self._ahead = _ReadAhead(self.store.read_later(lambda: cf.get(encoded)), encoded)
+        self.counters["read_ahead"] += len(encoded)
+
+    def _read_ahead(self) -> dict[bytes, Any] | None:
+        """The rows the last ``prefetch`` read, less those written since (waiting for the
+        read if it is still running); None when there are none. A read that failed is
+        dropped: the caller reads the keys again, and meets the error itself if it stays."""
+        ahead = self._ahead
+        if ahead is None:
+            return None
+        if ahead.rows is None:
+            try:
+                got = ahead.future.result()
+            except Exception:  # rocksdict raises plain Exception for I/O errors
+                self._ahead = None
+                return None
+            ahead.rows = dict(zip(ahead.keys, got, strict=True))
+            for written in ahead.written:
+                ahead.forget(written)
+            ahead.written.clear()
+        return ahead.rows
+
     def put(self, keys: Int64Array, records: RecordBatch, existed: BoolArray | None = None) -> None:
         """Insert or overwrite rows of distinct keys; ``existed`` (which keys are already
         stored), when the caller knows it, saves a read."""
@@ -439,7 +530,10 @@ class RocksTier(Tier):
             return
         if existed is None:
             existed = self.exists(keys)
-        self.store.write_rows(self.column_family, encode_keys(keys), self._pack(records))
+        encoded = encode_keys(keys)
+        if self._ahead is not None:
+            self._ahead.forget(encoded)
+        self.store.write_rows(self.column_family, encoded, self._pack(records))
         self.filter.add(keys[~existed])
         self._rows += int(keys.shape[0] - np.count_nonzero(existed))
         self.counters["puts"] += keys.shape[0]
@@ -451,7 +545,10 @@ class RocksTier(Tier):
             present = self.exists(keys)
         gone = keys[present]
         if gone.shape[0]:
-            self.store.write_rows(self.column_family, encode_keys(gone), None)
+            encoded = encode_keys(gone)
+            if self._ahead is not None:
+                self._ahead.forget(encoded)
+            self.store.write_rows(self.column_family, encoded, None)
             self._rows -= int(gone.shape[0])
             self.counters["removes"] += int(gone.shape[0])
         return present
@@ -484,6 +581,7 @@ class RocksTier(Tier):
         return {"rows": np.array([self._rows], dtype=np.int64), **arrays}
 
     def load_arrays(self, arrays: dict[str, Any]) -> None:
+        self._ahead = None
         self._rows = int(arrays["rows"][0])
         prefix = "filter."
         self.filter.load_arrays(

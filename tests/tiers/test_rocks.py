@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 from evdb.tiers.keyfilter import KeyFilter
 from evdb.tiers.rocks import RocksStore, RocksTier, decode_keys, encode_keys
 
-from .contract import DIM, SLOTS, TierContract, records
+from .contract import DIM, SLOTS, TierContract, assert_same, records
 
 
 @pytest.fixture
@@ -103,3 +105,101 @@ def test_a_key_never_written_costs_no_read(store: RocksStore) -> None:
     fresh = RocksTier(store, "t.x", DIM, SLOTS)
     fresh.load_arrays(tier.to_arrays())
     assert len(fresh) == 100 and fresh.get(np.arange(100, dtype=np.int64))[0].all()
+
+
+# -- read ahead -------------------------------------------------------------------------------
+def _stored(store: RocksStore, n: int = 200) -> RocksTier:
+    tier = RocksTier(store, "t.x", DIM, SLOTS)
+    tier.put(np.arange(n, dtype=np.int64), records(n))
+    return tier
+
+
+def test_a_get_after_prefetch_takes_the_rows_read_ahead_and_reads_the_rest(
+    store: RocksStore,
+) -> None:
+    tier = _stored(store)
+    ahead = np.arange(150, 250, dtype=np.int64)  # 50 stored, 50 never written (filtered)
+    tier.prefetch(ahead)
+    assert tier.stats()["read_ahead"] <= 55  # only keys the filter lets through are read
+    keys = np.random.default_rng(1).permutation(np.arange(100, 250, dtype=np.int64))
+    found, got = tier.get(keys)
+    assert found.tolist() == (keys < 200).tolist()
+    assert_same(got, records(200).take(keys[found]))  # in the order of keys
+    # 150..199 came from the read ahead, 100..149 were read now
+    assert tier.stats()["read_ahead_used"] == tier.stats()["read_ahead"] >= 50
+    assert tier.stats()["hits"] == 100
+
+
+def test_rows_written_or_removed_after_prefetch_are_read_again(store: RocksStore) -> None:
+    tier = _stored(store)
+    keys = np.arange(0, 40, dtype=np.int64)
+    tier.prefetch(keys)
+    assert tier._ahead is not None
+    tier._ahead.future.result()  # the read is done, and has not been collected yet
+    newer = records(10, seed=9)
+    stored = np.ones(10, dtype=bool)  # (told, so that the writes themselves read nothing)
+    tier.put(keys[:10], newer, existed=stored)
+    tier.remove(keys[10:20], present=stored)
+    found, got = tier.get(keys)
+    assert found.tolist() == [True] * 10 + [False] * 10 + [True] * 20
+    assert_same(got.take(np.arange(10)), newer)
+    assert_same(got.take(np.arange(10, 30)), records(200).take(keys[20:]))
+    # once collected, a write drops the key from the read ahead at once
+    newest = records(10, seed=10)
+    tier.put(keys[20:30], newest)
+    tier.put(keys[10:12], records(2, seed=11))
+    found, got = tier.get(keys)
+    assert found.sum() == 32
+    assert_same(got.take(np.arange(12, 22)), newest)
+    assert_same(got.take(np.arange(10, 12)), records(2, seed=11))
+
+
+def test_a_write_while_the_read_ahead_waits_to_run_wins(store: RocksStore) -> None:
+    tier = _stored(store)
+    gate = threading.Event()
+    store.read_later(lambda: gate.wait(30))  # the reader is busy: the read ahead waits
+    keys = np.arange(50, 60, dtype=np.int64)
+    tier.prefetch(keys)
+    newer = records(10, seed=5)
+    tier.put(keys, newer, existed=np.ones(10, dtype=bool))  # (a read would wait for the gate)
+    gate.set()
+    found, got = tier.get(keys)
+    assert found.all()
+    assert_same(got, newer)
+
+
+def test_a_read_ahead_that_failed_is_read_again(
+    store: RocksStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = _stored(store)
+
+    def failing(read: object) -> Future[object]:
+        f: Future[object] = Future()
+        f.set_exception(OSError("disk went away"))
+        return f
+
+    monkeypatch.setattr(store, "read_later", failing)
+    keys = np.arange(0, 30, dtype=np.int64)
+    tier.prefetch(keys)
+    found, got = tier.get(keys)
+    assert found.all() and tier.stats()["read_ahead_used"] == 0
+    assert_same(got, records(200).take(keys))
+
+
+def test_closing_or_dropping_waits_for_the_read_ahead(tmp_path: Path) -> None:
+    store = RocksStore(tmp_path / "rocks", {})
+    tier = RocksTier(store, "t.x", DIM, SLOTS)
+    tier.put(np.arange(100, dtype=np.int64), records(100))
+    gate = threading.Event()
+    store.read_later(lambda: gate.wait(30))
+    tier.prefetch(np.arange(100, dtype=np.int64))
+    pending = tier._ahead
+    assert pending is not None and not pending.future.done()
+    threading.Timer(0.05, gate.set).start()
+    store.drop_column_family("t.x")  # waits for the read: it never sees a dropped family
+    assert pending.future.done() and len(pending.future.result()) == 100
+    other = RocksTier(store, "t.y", DIM, SLOTS)
+    other.put(np.arange(10, dtype=np.int64), records(10))
+    other.prefetch(np.arange(10, dtype=np.int64))
+    store.close()
+    assert other._ahead is not None and other._ahead.future.done()
