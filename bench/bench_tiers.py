@@ -37,7 +37,11 @@ under ``--tmpdir``, so that file system is the disk measured):
   see the same pre-drawn batches; ``--train-warmup`` untimed steps, then ``--train-steps``
   timed ones. B runs first, then A, so A's background compactions cannot slow B. keys/s is
   keys of the timed steps over their total time (eviction and slab growth come in bursts, so
-  the median step is shown next to it). The DRAM hit rate is over distinct keys per step
+  the median step is shown next to it). Runs ``C`` and ``D`` (skipped with ``--model-ms 0``):
+  A's table, each step sleeping ``--model-ms`` between pull and push, standing for an
+  accelerator's forward and backward while the host waits; D also calls
+  ``Table.prefetch(next batch)`` right after the pull, so its disk reads run in that wait.
+  ``D / C`` is what the read ahead buys. The DRAM hit rate is over distinct keys per step
   (what ``stats()["tiers"]["dram"]`` counts), as are promotions (rows read back from disk),
   write-backs (dirty victims written down) and disk reads (found / not found: a key never
   spilled costs a bloom-filter probe).
@@ -403,6 +407,8 @@ def train_run(
     batches: list[np.ndarray],
     grads: np.ndarray,
     args: argparse.Namespace,
+    model_s: float = 0.0,
+    prefetch: bool = False,
 ) -> tuple[TrainRun, list[int]]:
     with scratch_dir(args.tmpdir, "train") as path:
         db = evdb.open(path)
@@ -421,6 +427,10 @@ def train_run(
                     c0 = train_counters(t)
                 t0 = time.perf_counter()
                 p = t.pull(b)
+                if prefetch and i + 1 < len(batches):
+                    t.prefetch(batches[i + 1])
+                if model_s:
+                    time.sleep(model_s)  # the host waits for the accelerator's step
                 t.push(p, grads[: p.keys.shape[0]])
                 db.advance()
                 times.append(time.perf_counter() - t0)
@@ -450,9 +460,19 @@ def bench_train(args: argparse.Namespace, report: Report) -> None:
     grads *= GRAD_STD
     log(f"  drew {len(batches)} Zipf batches in {time.perf_counter() - t0:.0f}s")
     dram_rows = max(1, round(args.dram_share * args.zipf_keys))
-    for name, rows, disk in (("B: all in DRAM", None, False), ("A: DRAM + disk", dram_rows, True)):
+    model_s = args.model_ms / 1e3
+    runs: list[tuple[str, int | None, bool, float, bool]] = [
+        ("B: all in DRAM", None, False, 0.0, False),
+        ("A: DRAM + disk", dram_rows, True, 0.0, False),
+    ]
+    if model_s:
+        runs += [
+            (f"C: A, host waits {args.model_ms:g} ms", dram_rows, True, model_s, False),
+            ("D: C + prefetch", dram_rows, True, model_s, True),
+        ]
+    for name, rows, disk, wait, ahead in runs:
         t0 = time.perf_counter()
-        run, uniques = train_run(name, rows, disk, batches, grads, args)
+        run, uniques = train_run(name, rows, disk, batches, grads, args, wait, ahead)
         report.train.append(run)
         report.train_unique = statistics.median(uniques)
         log(f"  {name}: {fmt_rate(run.keys_per_s)} ({time.perf_counter() - t0:.0f}s)")
@@ -700,6 +720,13 @@ def print_train(report: Report, args: argparse.Namespace) -> None:
             f"{fmt_count(args.train_steps)} timed steps: {fmt_count(a.deltas['promotions'])} "
             f"promotions, {fmt_count(a.deltas['written_back'])} rows written back"
         )
+    if "C" in runs and "D" in runs:
+        c, d_ = runs["C"], runs["D"]
+        print(
+            f"D / C: {fmt_ratio(d_.keys_per_s / c.keys_per_s)} in keys/s, median step "
+            f"{c.median_step * 1e3:.1f} -> {d_.median_step * 1e3:.1f} ms: reading each next "
+            f"batch's rows during the host's {args.model_ms:g} ms wait (Table.prefetch)"
+        )
     print(
         "(DRAM hits: share of a step's distinct keys found in DRAM; B's misses are keys seen "
         "for the\n first time. disk found / missed: DRAM misses looked up on disk; a miss is a "
@@ -782,6 +809,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dram-share", type=float, default=0.05, help="run A's DRAM share of K")
     p.add_argument("--train-warmup", type=int, default=500, help="untimed steps")
     p.add_argument("--train-steps", type=int, default=1000, help="timed steps")
+    p.add_argument(
+        "--model-ms",
+        type=float,
+        default=3.0,
+        help="runs C and D: ms a step sleeps between pull and push, standing for an "
+        "accelerator's forward and backward while the host waits (0: no C and D)",
+    )
     p.add_argument("--flush-rows", type=int, default=1_000_000, help="dirty rows flushed")
     p.add_argument("--flush-repeat", type=int, default=3, help="timed flushes (median)")
     p.add_argument("--compress-rows", type=int, default=200_000)

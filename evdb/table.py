@@ -434,7 +434,7 @@ class Table:
         """
         k = self._keys(keys)
         if self._chain.has_rows_below:
-            self._chain.prefetch(np.unique(k))
+            self._chain.prefetch(k)
 
     def push(self, pulled: Pulled, grads: Any, *, per_position: bool = False) -> None:
         """Apply the table's optimizer to the pulled rows, in place.

@@ -70,9 +70,9 @@ class Tier(ABC):
         return len(self) == 0
 
     def prefetch(self, keys: Int64Array) -> None:  # noqa: B027 (a no-op by default)
-        """Start reading the rows of distinct keys in the background, so that a ``get`` of
-        them soon after finds them read; a hint that changes no result (a no-op for a tier
-        whose reads cost nothing to wait for)."""
+        """Start reading the rows of keys (repeats allowed) in the background, so that a
+        ``get`` of them soon after finds them read; a hint that changes no result (a no-op
+        for a tier whose reads cost nothing to wait for)."""
 
     def flush(self) -> None:  # noqa: B027 (a no-op by default)
         """Make every row the tier holds reach the bottom of whatever it stacks (a tier that

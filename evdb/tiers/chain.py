@@ -137,7 +137,7 @@ class TierChain:
         return self.backing.get(keys)
 
     def prefetch(self, keys: Int64Array) -> None:
-        """Read ahead, below, the rows of distinct keys that the cache does not hold."""
+        """Read ahead, below, the rows of keys (repeats allowed) that the cache lacks."""
         if not self.has_rows_below:
             return
         assert self.backing is not None

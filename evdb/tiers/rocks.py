@@ -493,13 +493,13 @@ class RocksTier(Tier):
         return found
 
     def prefetch(self, keys: Int64Array) -> None:
-        """Read the rows of distinct keys on the reader thread, for the next ``get``; keys
-        the filter rules out are not read. It replaces the read ahead before it."""
+        """Read the rows of keys (repeats allowed) on the reader thread, for the next
+        ``get``; keys the filter rules out are not read. It replaces the read ahead before."""
         self._ahead = None
         maybe = keys[self.filter.may_contain(keys)]
         if maybe.shape[0] == 0:
             return
-        encoded: list[Any] = encode_keys(np.sort(maybe))  # key order: blocks read once
+        encoded: list[Any] = encode_keys(np.unique(maybe))  # key order: blocks read once
         cf = self.cf
         self._ahead = _ReadAhead(self.store.read_later(lambda: cf.get(encoded)), encoded)
         self.counters["read_ahead"] += len(encoded)
