@@ -308,6 +308,15 @@ class EmbeddingBag(nn.Module):
         return f"table={self.table.name!r}, dim={self.embedding_dim}, mode={self.mode!r}"
 
 
+def _check_stackable(names: list[str], bags: list[int], dims: list[int]) -> None:
+    for name, b, d in zip(names, bags, dims, strict=True):
+        if (b, d) != (bags[0], dims[0]):
+            raise ValueError(
+                f"stack=True needs every feature with the same bags and dim: features[{name!r}] "
+                f"has {b} bags of dim {d}, features[{names[0]!r}] {bags[0]} of dim {dims[0]}"
+            )
+
+
 class EmbeddingBagCollection(nn.Module):
     """Several features, each through a table, with one pull and one push per table per step
     (features sharing a table are looked up together), like TorchRec's EmbeddingBagCollection.
@@ -315,7 +324,12 @@ class EmbeddingBagCollection(nn.Module):
     ``forward(features)`` takes a dict ``name -> (values, offsets)`` or, by duck typing, a
     TorchRec ``KeyedJaggedTensor`` (``keys()``, ``values()``, ``offsets()`` or ``lengths()``,
     ``weights_or_none()``), and returns a dict ``name -> (B, dim)`` tensor, or, with
-    ``concat=True``, one ``(B, sum of dims)`` tensor in feature order.
+    ``concat=True``, one ``(B, sum of dims)`` tensor in feature order, or, with
+    ``stack=True``, one ``(features, B, dim)`` tensor in feature order (every feature with the
+    same B and dim). When one table holds every feature, the stacked tensor is the table's
+    pooled output itself, as TorchRec's KeyedTensor holds its features in one tensor: no copy
+    forward, and its gradient goes to the push whole (a dict's views cost a copy each way once
+    the model stacks or concatenates them).
     """
 
     def __init__(
@@ -324,10 +338,13 @@ class EmbeddingBagCollection(nn.Module):
         mode: str = "sum",
         max_norm: float | None = None,
         concat: bool = False,
+        stack: bool = False,
     ) -> None:
         super().__init__()
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        if concat and stack:
+            raise ValueError("concat and stack: choose one layout of the outputs, not both")
         for name, t in tables.items():
             if not isinstance(t, Table | ShardedTable):
                 raise TypeError(
@@ -338,6 +355,7 @@ class EmbeddingBagCollection(nn.Module):
         self.mode = mode
         self.max_norm = max_norm
         self.concat = concat
+        self.stack = stack
         self._anchor = torch.zeros((), requires_grad=True)
         distinct = {t.name: t for t in self.tables.values()}
         self.fused_optimizer = FusedOptimizer(distinct)
@@ -381,6 +399,11 @@ class EmbeddingBagCollection(nn.Module):
         unknown = [name for name in feats if name not in self.tables]
         if unknown:
             raise KeyError(f"features: no table for {unknown[0]!r}; known: {sorted(self.tables)}")
+        if self.stack:  # checked before anything is pulled
+            names = list(feats)
+            _check_stackable(
+                names, [feats[n][1].shape[0] for n in names], [self.tables[n].dim for n in names]
+            )
         results: dict[str, torch.Tensor] = {}
         by_table: dict[str, list[str]] = {}
         for name in feats:
@@ -427,11 +450,17 @@ class EmbeddingBagCollection(nn.Module):
                 self.max_norm,
                 self.fused_optimizer.sync,
             )
+            if self.stack and len(by_table) == 1:  # every feature's bags, in feature order
+                stacked: torch.Tensor = out.view(len(names), splits[0], -1)
+                return stacked
             for name, part in zip(names, torch.split(out, splits), strict=True):
                 results[name] = part
         ordered = {name: results[name] for name in feats}
         if self.concat:
             return torch.cat(list(ordered.values()), dim=1)
+        if self.stack:
+            parts = list(ordered.values())
+            return torch.stack(parts)
         return ordered
 
     def get_extra_state(self) -> dict[str, Any]:

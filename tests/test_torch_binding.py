@@ -231,6 +231,57 @@ def test_modules_sharing_a_table_and_a_collection_with_one_push_per_table(db) ->
     assert cat({"a": feats["a"], "c": feats["c"]}).shape == (2, 4)
 
 
+def test_stacked_outputs_equal_the_stacked_dict_and_train_the_same(tmp_path) -> None:
+    """stack=True: one (features, B, dim) tensor, with the dict's values and gradients, for
+    features on one table (the pooled output itself) and on several (a stack of them)."""
+    rng = np.random.default_rng(4)
+    feats = {
+        n: (torch.from_numpy(rng.integers(0, 50, 12)), torch.tensor([0, 3, 3, 7]))
+        for n in ("a", "b", "c")
+    }
+    weights = torch.from_numpy(rng.standard_normal((3, 4, 3)).astype(np.float32))
+    for layout in ({"a": "t", "b": "t", "c": "t"}, {"a": "t", "b": "u", "c": "t"}):
+        results = []
+        for stack in (False, True):
+            db = evdb.open(tmp_path / f"{stack}-{'-'.join(layout.values())}")
+            tables = {
+                n: db.create_table("t", dim=3, optimizer=evdb.optim.Adagrad(lr=0.1))
+                if n == "t"
+                else None
+                for n in set(layout.values())
+            }
+            if "u" in tables:
+                tables["u"] = db.create_table("u", dim=3, optimizer=evdb.optim.Adagrad(lr=0.1))
+            ebc = EmbeddingBagCollection({f: tables[t] for f, t in layout.items()}, stack=stack)
+            for _ in range(3):
+                out = ebc(feats)
+                stacked = out if stack else torch.stack(list(out.values()))
+                (stacked * weights).sum().backward()
+                db.advance()
+            rows = {t: db.table(t).lookup(np.arange(50)) for t in sorted(tables)}
+            results.append((stacked.detach().clone(), rows))
+            db.close()
+        (plain, plain_rows), (stacked, stacked_rows) = results
+        assert stacked.shape == (3, 4, 3)
+        torch.testing.assert_close(stacked, plain)
+        for t in plain_rows:
+            np.testing.assert_array_equal(stacked_rows[t], plain_rows[t])
+
+
+def test_stack_refuses_features_of_different_batch_sizes(db) -> None:
+    t = db.create_table("t", dim=2)
+    ebc = EmbeddingBagCollection({"a": t, "b": t}, stack=True)
+    feats = {
+        "a": (torch.tensor([1, 2]), torch.tensor([0, 1])),
+        "b": (torch.tensor([1]), torch.tensor([0])),
+    }
+    with pytest.raises(ValueError, match=r"features\['b'\] has 1 bags"):
+        ebc(feats)
+    assert len(t) == 0  # refused before anything was pulled
+    with pytest.raises(ValueError, match="concat and stack"):
+        EmbeddingBagCollection({"a": t}, concat=True, stack=True)
+
+
 class FakeKJT:
     """The duck-typed surface of torchrec.sparse.jagged_tensor.KeyedJaggedTensor."""
 
