@@ -8,10 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 CHILD = textwrap.dedent(
     """
-    import sys, tempfile
+    import sys
     import numpy as np
     import evdb
 
@@ -20,7 +21,7 @@ CHILD = textwrap.dedent(
             return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
 
     N, DIM, BATCH = 20_000, 16, 10_000
-    with evdb.open(tempfile.mkdtemp()) as db:
+    with evdb.open(sys.argv[1]) as db:
         t = db.create_table("t", dim=DIM, dram_rows=N, optimizer=evdb.optim.Adagrad(lr=0.1))
         grads = np.full((BATCH, DIM), 0.01, np.float32)
         base = peak = 0
@@ -36,9 +37,13 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_resident_memory_stays_bounded_while_50x_dram_rows_are_trained() -> None:
+def test_resident_memory_stays_bounded_while_50x_dram_rows_are_trained(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-c", CHILD, str(tmp_path / "db")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     growth = int(out.stdout.split()[-1])
     # 1,000,000 rows of dim 16 with Adagrad slots would take > 150 MiB in DRAM; the budget

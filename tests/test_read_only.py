@@ -84,3 +84,24 @@ def test_read_only_open_leaves_no_shadow_behind(snapshots: dict[str, Path]) -> N
     assert not (shadow / "rocksdict-config.json").is_symlink()  # written there, not through
     db.close()
     assert not shadow.exists()
+
+
+def test_a_read_only_open_never_closed_removes_its_shadow_at_exit(
+    snapshots: dict[str, Path],
+) -> None:
+    child = textwrap.dedent(
+        """
+        import sys, evdb
+        db = evdb.open(sys.argv[1], read_only=True)  # never closed
+        print(db._store._shadow)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child, str(snapshots["checkpoint"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    shadow = Path(out.stdout.strip())
+    assert shadow.name.startswith("evdb-ro-") and not shadow.exists()

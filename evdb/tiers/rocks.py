@@ -22,6 +22,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -168,6 +169,12 @@ class RocksStore:
         # read-only open goes through a private shadow of links (see _shadow): the snapshot
         # itself keeps every byte and mtime, and any number of processes may open it at once.
         self._shadow = _shadow(self.path) if read_only else None
+        # a store never closed still removes its shadow, when collected or at exit
+        self._shadow_cleanup = (
+            None
+            if self._shadow is None
+            else weakref.finalize(self, shutil.rmtree, self._shadow, ignore_errors=True)
+        )
         try:
             self.db = rocksdict.Rdict(
                 str(self.path if self._shadow is None else self._shadow),
@@ -282,8 +289,8 @@ class RocksStore:
         self._remove_shadow()
 
     def _remove_shadow(self) -> None:
-        if self._shadow is not None:
-            shutil.rmtree(self._shadow, ignore_errors=True)
+        if self._shadow_cleanup is not None:
+            self._shadow_cleanup()  # removes it, once
             self._shadow = None
 
     def compact_range(self, column_family: str | None = None) -> None:
