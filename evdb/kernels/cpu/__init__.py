@@ -8,6 +8,7 @@ a serial and a parallel variant pick one by batch size (``PARALLEL_MIN_KEYS``).
 
 from __future__ import annotations
 
+from evdb.kernels.cpu import _cache  # noqa: F401 (first: it drops a stale kernel cache)
 from evdb.kernels.cpu.bags import combine_backward, gather_combine, probe_gather_combine
 from evdb.kernels.cpu.index import (
     bloom_add,
