@@ -91,6 +91,18 @@ def test_three_levels_hold_the_rows_and_stats_show_each(db: evdb.Database) -> No
     assert t.stats()["tiers"]["dram"]["hits"] + t.stats()["tiers"]["dram"]["misses"] > 0
 
 
+def test_prefetch_reads_ahead_below_dram_and_changes_no_result(db: evdb.Database) -> None:
+    t = make(db)
+    values = np.arange(800, dtype=np.float32).reshape(200, DIM)
+    t.upsert(np.arange(200), values)
+    keys = np.array([0, 5, 0, 199, 100, 10**6])
+    t.prefetch(keys)  # through the HBM chain into the DRAM chain's RocksDB tier
+    disk = t.stats()["tiers"]["rocksdb"]
+    assert 1 <= disk["read_ahead"] <= 4  # what neither HBM nor DRAM holds, once each
+    np.testing.assert_array_equal(t.lookup(keys[:5]), values[keys[:5]])
+    assert t.stats()["tiers"]["rocksdb"]["read_ahead_used"] == disk["read_ahead"]
+
+
 def test_training_matches_a_table_with_every_row_in_dram(db: evdb.Database) -> None:
     tiered = make(db, "tiered", ttl_steps=6)
     flat = db.create_table(
