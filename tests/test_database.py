@@ -217,3 +217,29 @@ def test_read_at_is_per_thread(tmp_path: Path) -> None:
     ro.close()
     with evdb.open(tmp_path / "db") as db, pytest.raises(evdb.ReadOnlyError, match="advance"):
         db.read_at(1)
+
+
+def _rocksdb_option(store_dir: Path, name: str) -> str:
+    """The value RocksDB wrote for an option in its newest OPTIONS file."""
+    newest = max(store_dir.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    line = next(x for x in newest.read_text().splitlines() if x.strip().startswith(name + "="))
+    return line.split("=", 1)[1].strip()
+
+
+@pytest.mark.parametrize("mmap_reads", [False, True])
+def test_mmap_reads_reach_rocksdb_and_read_the_same_rows(tmp_path: Path, mmap_reads) -> None:
+    values = np.arange(2000, dtype=np.float32).reshape(500, 4)
+    with evdb.open(tmp_path / "db", mmap_reads=mmap_reads) as db:
+        t = db.create_table("t", dim=4, dram_rows=16)
+        t.upsert(np.arange(500), values)
+        assert t.stats()["tiers"]["rocksdb"]["rows"] > 400
+        np.testing.assert_array_equal(t.lookup(np.arange(500)), values)
+        assert _rocksdb_option(db._store.path, "allow_mmap_reads") == str(mmap_reads).lower()
+    with evdb.open(tmp_path / "db", read_only=True, mmap_reads=mmap_reads) as db:
+        np.testing.assert_array_equal(db.table("t").lookup(np.arange(500)), values)
+
+
+def test_mmap_reads_must_be_a_bool_and_nothing_is_created(tmp_path: Path) -> None:
+    with pytest.raises(evdb.ConfigError, match="mmap_reads must be a bool, got 'yes'"):
+        evdb.open(tmp_path / "db", mmap_reads="yes")
+    assert not (tmp_path / "db").exists()

@@ -79,8 +79,12 @@ def disk_dtype(dim: int, n_slots: int, dtype: DiskDtype) -> np.dtype:
     return record_dtype(dim, n_slots, _VALUE[dtype])
 
 
-def _options(compression: Compression = "lz4", cache: Any = None) -> rocksdict.Options:
+def _options(
+    compression: Compression = "lz4", cache: Any = None, mmap_reads: bool = False
+) -> rocksdict.Options:
     opts = rocksdict.Options(raw_mode=True)
+    # a database-wide option, read from the options the database itself is opened with
+    opts.set_allow_mmap_reads(mmap_reads)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     opts.set_compression_type(_COMPRESSION[compression]())
@@ -149,6 +153,7 @@ class RocksStore:
 
     ``column_families`` maps each table's column family to its compression; the database keeps
     that map outside RocksDB (in its pointer file), because RocksDB needs it to open.
+    ``mmap_reads``: RocksDB reads its files through memory maps (``allow_mmap_reads``).
     """
 
     def __init__(
@@ -157,6 +162,7 @@ class RocksStore:
         column_families: dict[str, Compression],
         *,
         read_only: bool = False,
+        mmap_reads: bool = False,
     ) -> None:
         self.path = Path(path)
         self.read_only = read_only
@@ -178,7 +184,7 @@ class RocksStore:
         try:
             self.db = rocksdict.Rdict(
                 str(self.path if self._shadow is None else self._shadow),
-                _options("none", self._cache),  # the default family holds metadata only
+                _options("none", self._cache, mmap_reads),  # default family: metadata only
                 column_families={
                     name: _options(c, self._cache) for name, c in self._compression.items()
                 },
