@@ -237,12 +237,10 @@ def rocks_tier(t: evdb.Table) -> rocks.RocksTier:
     return backing
 
 
-def raw_store(path: Path) -> rocksdict.Rdict:
+def raw_store(path: Path, mmap_reads: bool) -> rocksdict.Rdict:
     """A bare rocksdict database with evdb's options (and its own 32 MiB block cache)."""
-    return rocksdict.Rdict(
-        str(path),
-        rocks._options(DiskConfig().compression, rocksdict.Cache(rocks.BLOCK_CACHE_BYTES)),
-    )
+    cache = rocksdict.Cache(rocks.BLOCK_CACHE_BYTES)
+    return rocksdict.Rdict(str(path), rocks._options(DiskConfig().compression, cache, mmap_reads))
 
 
 def raw_write(db: rocksdict.Rdict, keys: list[bytes], values: list[bytes]) -> None:
@@ -280,7 +278,7 @@ def bench_cold(args: argparse.Namespace, report: Report) -> None:
         scratch_dir(args.tmpdir, "cold") as evdb_dir,
         scratch_dir(args.tmpdir, "raw") as raw_dir,
     ):
-        db = evdb.open(evdb_dir)
+        db = evdb.open(evdb_dir, mmap_reads=args.mmap_reads)
         try:
             t = db.create_table(TABLE, dim=dim, dram_rows=args.cold_dram, disk=True)
             build = report.cold_build
@@ -297,7 +295,7 @@ def bench_cold(args: argparse.Namespace, report: Report) -> None:
 
             encoded = rocks.encode_keys(keys)
             records = packed_records(values, None, "float32")
-            raw = raw_store(raw_dir / "db")
+            raw = raw_store(raw_dir / "db", args.mmap_reads)
             try:
                 t0 = time.perf_counter()
                 raw_write(raw, encoded, records)
@@ -318,7 +316,9 @@ def bench_cold(args: argparse.Namespace, report: Report) -> None:
         finally:
             db.close()
 
-        db = evdb.open(evdb_dir / "dram")  # the same rows, all in DRAM, for scale
+        db = evdb.open(
+            evdb_dir / "dram", mmap_reads=args.mmap_reads
+        )  # the same rows, all in DRAM, for scale
         try:
             t = db.create_table(TABLE, dim=dim, disk=False)
             fill(t, keys, values)
@@ -411,7 +411,7 @@ def train_run(
     prefetch: bool = False,
 ) -> tuple[TrainRun, list[int]]:
     with scratch_dir(args.tmpdir, "train") as path:
-        db = evdb.open(path)
+        db = evdb.open(path, mmap_reads=args.mmap_reads)
         try:
             t = db.create_table(
                 TABLE,
@@ -491,7 +491,7 @@ def bench_flush(args: argparse.Namespace, report: Report) -> None:
     evdb_times, checkpoint_times, raw_times = [], [], []
     for i in range(args.flush_repeat + 1):
         with scratch_dir(args.tmpdir, "flush") as path:
-            db = evdb.open(path)
+            db = evdb.open(path, mmap_reads=args.mmap_reads)
             try:
                 t = db.create_table(TABLE, dim=dim, optimizer=optimizer, disk=True)
                 fill(t, keys, values)
@@ -517,7 +517,7 @@ def bench_flush(args: argparse.Namespace, report: Report) -> None:
             finally:
                 db.close()
         with scratch_dir(args.tmpdir, "raw") as path:
-            raw = raw_store(path / "db")
+            raw = raw_store(path / "db", args.mmap_reads)
             try:
                 os.sync()
                 t0 = time.perf_counter()
@@ -548,7 +548,7 @@ def bench_compress(args: argparse.Namespace, report: Report) -> None:
     for dtype, compression in COMPRESS_CONFIGS:
         disk = DiskConfig(dtype=dtype, compression=compression)  # type: ignore[arg-type]
         with scratch_dir(args.tmpdir, "compress") as path:
-            db = evdb.open(path)
+            db = evdb.open(path, mmap_reads=args.mmap_reads)
             try:
                 t = db.create_table(TABLE, dim=dim, disk=disk)
                 fill(t, keys, values)
@@ -557,7 +557,9 @@ def bench_compress(args: argparse.Namespace, report: Report) -> None:
                 disk_bytes = t.stats()["tiers"]["rocksdb"]["bytes"]
             finally:
                 db.close()
-            db = evdb.open(path)  # reopened: the rows are on disk only, DRAM is empty
+            db = evdb.open(
+                path, mmap_reads=args.mmap_reads
+            )  # reopened: the rows are on disk only, DRAM is empty
             try:
                 t = db.table(TABLE)
                 compact_s = timed(lambda t=t: rocks_tier(t).cf.compact_range(None, None))
@@ -599,7 +601,7 @@ def print_header(args: argparse.Namespace) -> None:
         versions_line("not used"),
         f"rocksdb     rocksdict {importlib.metadata.version('rocksdict')}; evdb's options: "
         f"16 MiB memtables x 2, bloom 10 bits/key, {rocks.BLOCK_CACHE_BYTES >> 20} MiB block "
-        "cache, WAL off",
+        "cache, WAL off" + (", mmap reads" if args.mmap_reads else ""),
         f"store       {store} ({fs_of(store)})",
         f"cold reads  {fmt_count(args.rows)} rows, dim {args.dim}, SGD (record {record} B), "
         f"DRAM {fmt_count(args.cold_dram)} rows, compression {DiskConfig().compression}; "
@@ -821,6 +823,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compress-rows", type=int, default=200_000)
     p.add_argument("--tmpdir", default=None, help="where the stores live (the disk measured)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--mmap-reads",
+        action="store_true",
+        help="open every store with evdb.open(mmap_reads=True) (the raw ones with the same "
+        "options); the 'dropped' cold reads then stay cached, mapped pages are not dropped",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: small sizes, seconds")
     p.add_argument(
         "--only",
