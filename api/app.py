@@ -65,7 +65,11 @@ def _error(
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The service for ``settings`` (default: from ``EVDB_*`` environment variables)."""
     settings = settings or get_settings()
-    holder = SnapshotHolder(state_file=settings.state_file, cache_rows=settings.cache_rows)
+    holder = SnapshotHolder(
+        state_file=settings.state_file,
+        cache_rows=settings.cache_rows,
+        mmap_reads=settings.mmap_reads,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -374,7 +374,13 @@ class Follower:
                 return False
             path = _publish.publication_dir(self.root, full_seq)
             # checked just above: the read-only open skips the checksum pass
-            db = evdb.open(path, read_only=True, verify=False, cache_rows=self.holder.cache_rows)
+            db = evdb.open(
+                path,
+                read_only=True,
+                verify=False,
+                cache_rows=self.holder.cache_rows,
+                mmap_reads=self.holder.mmap_reads,
+            )
             new_base = base = _Base(db, full_seq)
             opened.append(new_base)
             overlays = {}

@@ -50,6 +50,7 @@ class Settings:
     allow_roots: tuple[Path, ...] = field(default_factory=tuple)
     max_keys: int = DEFAULT_MAX_KEYS
     cache_rows: int | None = None
+    mmap_reads: bool = False
     path_verified: bool = False
     state_file: Path | None = None
     metrics_dir: Path | None = None
@@ -99,6 +100,7 @@ def get_settings() -> Settings:
         allow_roots=tuple(Path(r).resolve() for r in roots.split(os.pathsep) if r),
         max_keys=int(env.get("EVDB_MAX_KEYS", DEFAULT_MAX_KEYS)),
         cache_rows=int(env["EVDB_CACHE_ROWS"]) if env.get("EVDB_CACHE_ROWS") else None,
+        mmap_reads=env.get("EVDB_MMAP_READS") == "1",
         path_verified=env.get("EVDB_PATH_VERIFIED") == "1",
         state_file=Path(state) if state else None,
         metrics_dir=Path(metrics_dir) if metrics_dir else None,

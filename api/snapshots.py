@@ -43,11 +43,20 @@ class Snapshot:
     seq: int | None = None  # following a publish root: the publication served (api.follow)
 
     @classmethod
-    def open(cls, path: Path, cache_rows: int | None = None, *, verify: bool = True) -> Snapshot:
+    def open(
+        cls,
+        path: Path,
+        cache_rows: int | None = None,
+        *,
+        verify: bool = True,
+        mmap_reads: bool = False,
+    ) -> Snapshot:
         """Open ``path`` read-only (checksums verified unless ``verify=False``; ``cache_rows``
-        rows of each table in DRAM) and name its version: a hash of its manifest (an export
-        or checkpoint) or of its pointer file (a database)."""
-        db = evdb.open(path, read_only=True, verify=verify, cache_rows=cache_rows)
+        rows of each table in DRAM; ``mmap_reads`` as ``evdb.open``'s) and name its version: a
+        hash of its manifest (an export or checkpoint) or of its pointer file (a database)."""
+        db = evdb.open(
+            path, read_only=True, verify=verify, cache_rows=cache_rows, mmap_reads=mmap_reads
+        )
         try:
             tag = path / "MANIFEST.json"
             if not tag.exists():
@@ -96,9 +105,11 @@ class SnapshotHolder:
         snapshot: Snapshot | None = None,
         state_file: Path | None = None,
         cache_rows: int | None = None,
+        mmap_reads: bool = False,
     ) -> None:
         self._lock = threading.Lock()
         self.cache_rows = cache_rows
+        self.mmap_reads = mmap_reads
         self._current = snapshot
         self.state_file = state_file
         # None: a worker that starts after a reload (uvicorn restarts one that died) reads the
@@ -113,7 +124,7 @@ class SnapshotHolder:
     def load(self, path: Path, *, verify: bool = True) -> Snapshot:
         """Open a snapshot the way this server opens them (not yet served: see ``swap``).
         ``verify=False`` where another process checked its checksums already."""
-        return Snapshot.open(path, self.cache_rows, verify=verify)
+        return Snapshot.open(path, self.cache_rows, verify=verify, mmap_reads=self.mmap_reads)
 
     def acquire(self) -> Snapshot | None:
         with self._lock:

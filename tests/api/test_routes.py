@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 
+import evdb
 from evdb.api import Settings, create_app
 
 from .conftest import TOKEN, WORDS
@@ -485,3 +486,34 @@ def test_compressed_request_bodies(client, reference, encoding) -> None:
         "/v1/tables/item/lookup", content=raw, headers={**headers, "content-encoding": "br"}
     )
     assert r.status_code == 415
+
+
+def test_mmap_reads_reach_every_snapshot_the_server_opens(settings, reference, monkeypatch) -> None:
+    """Settings.mmap_reads (evdb serve --mmap-reads, EVDB_MMAP_READS=1): the snapshots are
+    opened with evdb.open(mmap_reads=True), and every answer stays Table.lookup's."""
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from evdb.api import settings as settings_module
+
+    monkeypatch.setenv("EVDB_MMAP_READS", "1")
+    settings_module.get_settings.cache_clear()
+    try:
+        assert settings_module.get_settings().mmap_reads is True
+    finally:
+        settings_module.get_settings.cache_clear()
+    opened = []
+    real_open = evdb.open
+
+    def spy(*args, **kwargs):
+        opened.append(kwargs.get("mmap_reads"))
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(evdb, "open", spy)
+    keys = (np.arange(100) * 7 - 300).tolist()
+    with TestClient(create_app(replace(settings, mmap_reads=True))) as c:
+        r = c.post("/v1/tables/item/lookup", json={"keys": keys})
+        want = reference.table("item").lookup(keys)
+        np.testing.assert_array_equal(np.array(r.json()["embeddings"], np.float32), want)
+    assert opened and all(m is True for m in opened)
