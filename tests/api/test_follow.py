@@ -475,3 +475,42 @@ def test_a_follower_left_behind_by_retention_loads_the_newest_full(tmp_path: Pat
         assert seq == 6 and values.tolist() == [[4.0, 0.0]]
         f.close()
         holder.close()
+
+
+def test_cli_serve_hands_its_options_to_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `evdb serve` passes to uvicorn's workers: the EVDB_* environment they read
+    their Settings from (--cache-rows, --mmap-reads), for the app factory."""
+    import os
+
+    import uvicorn
+
+    from evdb.api.settings import get_settings
+    from evdb.tools.cli import cli
+
+    with evdb.open(tmp_path / "db") as db:
+        db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # what serve sets is undone after
+    seen: dict[str, object] = {}
+
+    def run(app: str, **kwargs: object) -> None:
+        seen.update(kwargs, app=app)
+        get_settings.cache_clear()
+        try:
+            seen["settings"] = get_settings()
+        finally:
+            get_settings.cache_clear()
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    args = ["serve", str(tmp_path / "db"), "--cache-rows", "16", "--mmap-reads"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    settings = seen["settings"]
+    assert isinstance(settings, Settings)
+    assert settings.cache_rows == 16 and settings.mmap_reads is True
+    assert settings.path == (tmp_path / "db").resolve() and seen["app"] == "evdb.api:create_app"
+    os.environ.pop("EVDB_MMAP_READS")
+    r = CliRunner().invoke(cli, ["serve", str(tmp_path / "db")])
+    assert r.exit_code == 0, r.output
+    assert seen["settings"].mmap_reads is False  # type: ignore[attr-defined]
