@@ -46,6 +46,7 @@ OPS = (
     "compact",
     "stats",
     "publish",
+    "prefetch",
 )
 _HEAD = 6  # op, table, call number, argument code, global step, failed (refused its input)
 _SAME = 5  # the first _SAME fields must agree on every rank

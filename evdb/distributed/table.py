@@ -261,6 +261,13 @@ class ShardedTable:
             _owner=owner,
         )
 
+    def prefetch(self, keys: Any) -> None:
+        """Collective. ``Table.prefetch`` at the owners: every rank's next keys go to their
+        owners, which start reading on their own threads the rows they hold on disk."""
+        self._db._check_writable()
+        _, _, _, mine = self._ask("prefetch", self._checked_keys("prefetch", keys))
+        self.local.prefetch(mine)
+
     def push(self, pulled: ShardedPulled, grads: Any, *, per_position: bool = False) -> None:
         """Collective. ``Table.push``: each rank's gradients go to the keys' owners, which sum
         them over every rank and apply the optimizer once."""

@@ -277,6 +277,12 @@ def test_mismatched_calls_and_bad_input_fail_on_every_rank(tmp_path: Path) -> No
         assert "len at step 1, rank 1: call 11 len at step 0" in seen["step"]
 
 
+def test_prefetch_reads_ahead_at_the_owners_and_changes_no_result(tmp_path: Path) -> None:
+    results = run_ranks(workers.prefetching, 2, tmp_path)
+    assert sum(r["used"] for r in results) > 0  # owners served pulls from their read aheads
+    assert all(r["used_without"] == 0 for r in results)
+
+
 def test_the_torch_binding_trains_sharded_tables_like_one_table(tmp_path: Path) -> None:
     run_ranks(workers.torch_binding, 2, tmp_path / "run")
     with evdb.open(tmp_path / "one") as db:

@@ -202,6 +202,32 @@ def misuse(rank: int, world: int, out: Path) -> dict[str, Any]:
     return seen
 
 
+def prefetching(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """A spilling sharded table trained twice, once told each next batch ahead: the same
+    pulls and lookups both times, and the owners took rows from their read aheads."""
+    got = {}
+    for ahead in (False, True):
+        db = evd.open(out / f"root-{ahead}")
+        t = db.create_table("t", dim=DIM, dram_rows=6, optimizer=evdb.optim.Adagrad(lr=0.1))
+        pulls = []
+        for step in range(STEPS):
+            keys = part(global_batch(step), rank, world)
+            p = t.pull(keys)
+            if ahead:
+                t.prefetch(part(global_batch(step + 1), rank, world))
+            t.push(p, grads_for(keys, step), per_position=True)
+            db.advance()
+            pulls.append(p.rows.copy())
+        looked = t.lookup(part(lookup_keys()[0], rank, world))
+        used = t.local.stats()["tiers"]["rocksdb"]["read_ahead_used"]
+        db.close()
+        got[ahead] = (pulls, looked, used)
+    for a, b in zip(got[False][0], got[True][0], strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(got[False][1], got[True][1])
+    return {"used": int(got[True][2]), "used_without": int(got[False][2])}
+
+
 class _Model(torch.nn.Module):
     def __init__(self, table: Any) -> None:
         super().__init__()
