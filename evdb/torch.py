@@ -308,12 +308,17 @@ class EmbeddingBag(nn.Module):
         return f"table={self.table.name!r}, dim={self.embedding_dim}, mode={self.mode!r}"
 
 
-def _check_stackable(names: list[str], bags: list[int], dims: list[int]) -> None:
-    for name, b, d in zip(names, bags, dims, strict=True):
-        if (b, d) != (bags[0], dims[0]):
+def _check_stackable(
+    feats: dict[str, tuple[np.ndarray, np.ndarray, Any]], tables: Mapping[str, AnyTable]
+) -> None:
+    """stack=True: every feature has as many bags (offsets) and the same dim as the first."""
+    shapes = {name: (off.shape[0], tables[name].dim) for name, (_, off, _) in feats.items()}
+    first, (b0, d0) = next(iter(shapes.items()), ("", (0, 0)))
+    for name, (b, d) in shapes.items():
+        if (b, d) != (b0, d0):
             raise ValueError(
                 f"stack=True needs every feature with the same bags and dim: features[{name!r}] "
-                f"has {b} bags of dim {d}, features[{names[0]!r}] {bags[0]} of dim {dims[0]}"
+                f"has {b} bags of dim {d}, features[{first!r}] {b0} of dim {d0}"
             )
 
 
@@ -400,10 +405,7 @@ class EmbeddingBagCollection(nn.Module):
         if unknown:
             raise KeyError(f"features: no table for {unknown[0]!r}; known: {sorted(self.tables)}")
         if self.stack:  # checked before anything is pulled
-            names = list(feats)
-            _check_stackable(
-                names, [feats[n][1].shape[0] for n in names], [self.tables[n].dim for n in names]
-            )
+            _check_stackable(feats, self.tables)
         results: dict[str, torch.Tensor] = {}
         by_table: dict[str, list[str]] = {}
         for name in feats:
@@ -459,8 +461,7 @@ class EmbeddingBagCollection(nn.Module):
         if self.concat:
             return torch.cat(list(ordered.values()), dim=1)
         if self.stack:
-            parts = list(ordered.values())
-            return torch.stack(parts)
+            return torch.stack(list(ordered.values()))
         return ordered
 
     def get_extra_state(self) -> dict[str, Any]:

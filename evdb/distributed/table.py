@@ -264,7 +264,6 @@ class ShardedTable:
     def prefetch(self, keys: Any) -> None:
         """Collective. ``Table.prefetch`` at the owners: every rank's next keys go to their
         owners, which start reading on their own threads the rows they hold on disk."""
-        self._db._check_writable()
         _, _, _, mine = self._ask("prefetch", self._checked_keys("prefetch", keys))
         self.local.prefetch(mine)
 
