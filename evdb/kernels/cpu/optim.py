@@ -63,8 +63,18 @@ def _apply_chunk(  # type: ignore[no-untyped-def]
         r = rows[u]
         if r < 0:
             continue
-        g[:] = 0.0
-        for k in range(bounds[u], bounds[u + 1]):
+        # The first position assigns, the rest add: no zeroing pass (``g[:] = 0.0`` went
+        # through numba's generic slice path: Adagrad on 1,900 cached rows of dim 1 took 55 us
+        # with it, 30 without)
+        start, stop = bounds[u], bounds[u + 1]
+        if start < stop:
+            first = positions[start]
+            for j in range(dim):
+                g[j] = grads[first, j]
+        else:  # a row without positions: its gradient is zero
+            for j in range(dim):
+                g[j] = 0.0
+        for k in range(start + 1, stop):
             p = positions[k]
             for j in range(dim):
                 g[j] += grads[p, j]
