@@ -17,7 +17,10 @@ It prints the median and the slowest step of each, the whole run's examples/s an
 ratios; the aim is no step over 3x the median while the table grows. A third run prices the
 torch module against evdb's own API (pull, combine, combine_backward, push: what the module
 does under autograd): two fresh tables take the same steps side by side, one through the
-module and one through the API, which of the two goes first alternating step by step. Run
+module and one through the API, which of the two goes first alternating step by step; both
+compute the model's loss and its gradient each step (the API side had them precomputed
+until git 8d14b26, which priced the module's `.sum()` and its backward, 2.1 ms of a 16 ms
+step, as binding overhead). Run
 one after the other, whichever went first paid 5-10 ms a step more on this VM, which writes
 fresh pages slowly (the growing table's) and reused ones fast. Run from the repository root:
 ``.venv/bin/python bench/bench_growth.py``.
@@ -75,18 +78,21 @@ def new_table(args: argparse.Namespace) -> tuple[evdb.Database, evdb.Table]:
 
 
 def raw_step(args: argparse.Namespace) -> tuple[evdb.Database, Callable[[np.ndarray], float]]:
-    """The step on evdb's own API: one pull of the 26 features' ids, their bags summed, the sum
-    loss's gradient (ones) turned into per-key gradients, one push; returns its time."""
+    """The step on evdb's own API: one pull of the 26 features' ids, their bags summed, the
+    model's loss (their sum) and its gradient (ones) turned into per-key gradients, one push;
+    returns its time. The loss and a fresh gradient array are made each step, as the module's
+    step makes them (``.sum()`` forward; its backward's expanded ones made contiguous)."""
     db, table = new_table(args)
     offsets = np.arange(args.features * args.batch, dtype=np.int64)
-    ones = np.ones((args.features * args.batch, args.dim), np.float32)
 
     def step(ids: np.ndarray) -> float:
         keys = ids.reshape(-1).astype(np.int64)
         t0 = time.perf_counter()
         p = table.pull(keys)
-        p.combine(offsets, combiner="sum")
-        table.push(p, p.combine_backward(ones, offsets, combiner="sum"))
+        pooled = p.combine(offsets, combiner="sum")
+        pooled.sum()  # the loss
+        grad = np.ones_like(pooled)  # d loss / d pooled
+        table.push(p, p.combine_backward(grad, offsets, combiner="sum"))
         db.advance()
         return time.perf_counter() - t0
 
