@@ -20,9 +20,9 @@ does under autograd): two fresh tables take the same steps side by side, one thr
 module and one through the API, which of the two goes first alternating step by step; both
 compute the model's loss and its gradient each step (the API side had them precomputed
 until git 8d14b26, which priced the module's `.sum()` and its backward, 2.1 ms of a 16 ms
-step, as binding overhead). Run
-one after the other, whichever went first paid 5-10 ms a step more on this VM, which writes
-fresh pages slowly (the growing table's) and reused ones fast. Run from the repository root:
+step, as binding overhead). Run one after the other, whichever went first paid 5-10 ms a
+step more on this VM, which writes fresh pages slowly (the growing table's) and reused ones
+fast. Run from the repository root:
 ``.venv/bin/python bench/bench_growth.py``.
 """
 

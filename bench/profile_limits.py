@@ -37,7 +37,7 @@ import numpy as np
 from _common import adagrad_table_in_dram, cpu_line, discard, print_table, versions_line
 from numba import njit, prange
 
-from evdb.kernels.cpu._common import prefetch
+from evdb.kernels.cpu._common import copy_row, prefetch
 
 CHUNK = 256  # keys a thread handles at a time, their lines prefetched first (as evdb's gathers)
 
@@ -50,9 +50,7 @@ def gather(rows, values, out):  # type: ignore[no-untyped-def]
             for j in range(0, values.shape[1], 16):
                 prefetch(values, rows[i], j)
         for i in range(lo, hi):
-            r = rows[i]
-            for j in range(values.shape[1]):
-                out[i, j] = values[r, j]
+            copy_row(values, rows[i], out, i)
 
 
 @njit(parallel=True, nogil=True)
@@ -65,9 +63,7 @@ def lookup_floor(rows, slots, index, values, out):  # type: ignore[no-untyped-de
             for j in range(0, values.shape[1], 16):
                 prefetch(values, rows[i], j)
         for i in range(lo, hi):
-            r = index[slots[i], 1]
-            for j in range(values.shape[1]):
-                out[i, j] = values[r, j]
+            copy_row(values, index[slots[i], 1], out, i)
 
 
 @njit(parallel=True, nogil=True)
@@ -88,8 +84,7 @@ def pull_floor(rows, slots, index, mark, records, step, values, out):  # type: i
             records[r, 1] = step  # last step
             records[r, 2] = step  # version
             records[r, 3] |= 3  # dirty and pinned
-            for j in range(values.shape[1]):
-                out[i, j] = values[r, j]
+            copy_row(values, r, out, i)
 
 
 def medians(calls: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:

@@ -432,9 +432,7 @@ class Table:
         down or removed after the prefetch is read again). Each call replaces the one before;
         a table that has spilled nothing returns at once.
         """
-        k = self._keys(keys)
-        if self._chain.has_rows_below:
-            self._chain.prefetch(k)
+        self._chain.prefetch(self._keys(keys))  # a no-op while nothing is below DRAM
 
     def push(self, pulled: Pulled, grads: Any, *, per_position: bool = False) -> None:
         """Apply the table's optimizer to the pulled rows, in place.
