@@ -36,6 +36,7 @@ from evdb.config import DramConfig
 from evdb.hashindex import HashIndex, RowAllocator
 from evdb.kernels import cpu
 from evdb.kernels.cpu.evict import victim_candidates
+from evdb.kernels.cpu.stamp import clear_flags
 from evdb.records import RecordBatch
 from evdb.tiers.base import Tier
 
@@ -284,7 +285,7 @@ class DramTier(Tier):
         self._pinned_rows = np.concatenate([self._pinned_rows, rows])
 
     def unpin_all(self) -> None:
-        self.is_pinned[self._pinned_rows] = False
+        clear_flags(self.is_pinned, self._pinned_rows)
         self._pinned_rows = np.empty(0, dtype=np.int64)
 
     def n_pinned(self, min_live_step: int) -> int:

@@ -58,13 +58,17 @@ def _find_range(slots, keys, lo, hi, out):  # type: ignore[no-untyped-def]
     # Prefetch the home slot FIND_AHEAD keys ahead, so the misses of an index larger than the
     # caches overlap (a probe's exit branch otherwise serialises them): 4,096 keys into a
     # 1M-slot index, 220 -> 150 us; 65,536 keys on 2 threads, 0.9 -> 0.5 ms.
+    # Each key is hashed once: out[i] holds its home slot from the prefetch until the probe.
     mask = slots.shape[0] - 1
     for i in range(lo, min(lo + FIND_AHEAD, hi)):
-        prefetch(slots, _home(keys[i], mask), 0)
+        out[i] = _home(keys[i], mask)
+        prefetch(slots, out[i], 0)
     for i in range(lo, hi):
-        if i + FIND_AHEAD < hi:
-            prefetch(slots, _home(keys[i + FIND_AHEAD], mask), 0)
-        out[i] = _probe_from(slots, mask, keys[i], _home(keys[i], mask))
+        ahead = i + FIND_AHEAD
+        if ahead < hi:
+            out[ahead] = _home(keys[ahead], mask)
+            prefetch(slots, out[ahead], 0)
+        out[i] = _probe_from(slots, mask, keys[i], out[i])
 
 
 _FIND_CHUNK = 4096  # keys per parallel task
@@ -90,8 +94,15 @@ def hash_find(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
 
 @njit(types.void(I8_2D, I8, I8), **OPTS)
 def hash_insert(slots, keys, rows):  # type: ignore[no-untyped-def]
+    # The home slots FIND_AHEAD keys ahead are prefetched, as in hash_find: the keys a pull
+    # creates are scattered over an index larger than the caches, one miss each.
     mask = slots.shape[0] - 1
-    for i in range(keys.shape[0]):
+    n = keys.shape[0]
+    for i in range(min(FIND_AHEAD, n)):
+        prefetch(slots, _home(keys[i], mask), 0)
+    for i in range(n):
+        if i + FIND_AHEAD < n:
+            prefetch(slots, _home(keys[i + FIND_AHEAD], mask), 0)
         key = keys[i]
         j = _home(key, mask)
         while slots[j, 1] >= 0 and slots[j, 0] != key:

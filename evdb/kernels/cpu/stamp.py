@@ -46,6 +46,17 @@ def stamp_pushed(  # type: ignore[no-untyped-def]
     return dropped, frozen
 
 
+@njit(types.void(B1, I8), **OPTS)
+def clear_flags(flags, rows):  # type: ignore[no-untyped-def]
+    """flags[rows] = False with the lines' misses overlapped: a pull unpinning the previous
+    batch's 65,536 rows spent 0.42 ms in numpy's scatter, whose misses serialise."""
+    n = rows.shape[0]
+    for i in range(n):
+        if i + 16 < n:
+            prefetch_write(flags, rows[i + 16])
+        flags[rows[i]] = False
+
+
 # Rows a thread copies at a time; their lines are prefetched first. 256 rows keep the
 # prefetched lines in L2: chunks of 4,096 measured 1.5x slower.
 _GATHER_CHUNK = 256
