@@ -26,9 +26,13 @@ F4_2D = types.Array(types.float32, 2, "C")
 # update loops (fused Adagrad, 16,384 rows of dim 64: 4.1 -> 2.2 ms on one thread)
 OPTS = {"nogil": True, "cache": True, "error_model": "numpy"}
 
-# Below this many keys the serial variant wins: waking numba's thread pool costs about 1.5 ms
-# per call here (measured on 10-key batches), more than probing thousands of keys.
-PARALLEL_MIN_KEYS = 16384
+# From this many keys (or rows) a kernel runs on numba's threads. Waking the pool costs 2-5 us
+# here (64 keys: 0.5 us serial, 1.7 us parallel; 5 us after 2 ms idle), and two threads win
+# from a few hundred keys: at 1,024 keys of a 1M-row dim-16 table, fused probe + gather 28 ->
+# 16 us, pull's stamp + copy 25 -> 19, Adagrad push 67 -> 44, sum combine 11 -> 6. (It was
+# 16,384, after a 1.5 ms wake measured when the pool was first built, which DeepFM's 4,096-key
+# batches paid for by running every kernel on one thread.)
+PARALLEL_MIN_KEYS = 1024
 I64_MIN = np.int64(-(2**63))
 
 # LLVM 15+ names the prefetch intrinsic by opaque pointer ("p0"), older ones by "p0i8".

@@ -14,6 +14,7 @@ from evdb.kernels.cpu._common import (
     F4_2D,
     I8,
     OPTS,
+    PARALLEL_MIN_KEYS,
     U1,
     U4,
     U8,
@@ -93,9 +94,6 @@ def _pulled_chunk(  # type: ignore[no-untyped-def]
     return n
 
 
-# From this many rows two threads win (measured 4,096 rows: 129 -> 65 us; PARALLEL_MIN_KEYS
-# is set for kernels whose per-key work is a probe, not four lines of copy and stamps)
-_PARALLEL_ROWS = 4096
 _SG_SIG = i8(I8, I8, i8, i8, i8, U4, I8, U8, B1, B1, F4_2D, F4_2D)
 
 
@@ -149,7 +147,7 @@ def stamp_gather_pulled(
     for a big batch (the rows are distinct, so no two threads write one row). A 65,536-hit
     pull spent 0.8 ms stamping on one thread, 0.35 ms pinning in numpy and 1.5 ms gathering
     before; the stamps' cache misses now overlap the copies'."""
-    kernel = _stamp_gather_parallel if rows.shape[0] >= _PARALLEL_ROWS else _stamp_gather_serial
+    kernel = _stamp_gather_parallel if rows.shape[0] >= PARALLEL_MIN_KEYS else _stamp_gather_serial
     n = kernel(
         rows, counts, step, version, freq_max,
         freq, last_step, versions, is_dirty, is_pinned, values, out,
