@@ -30,8 +30,8 @@ OPTS = {"nogil": True, "cache": True, "error_model": "numpy"}
 # here (64 keys: 0.5 us serial, 1.7 us parallel; 5 us after 2 ms idle), and two threads win
 # from a few hundred keys: at 1,024 keys of a 1M-row dim-16 table, fused probe + gather 28 ->
 # 16 us, pull's stamp + copy 25 -> 19, Adagrad push 67 -> 44, sum combine 11 -> 6. (It was
-# 16,384, after a 1.5 ms wake measured when the pool was first built, which DeepFM's 4,096-key
-# batches paid for by running every kernel on one thread.)
+# 16,384, set in the first version after a 1.5 ms wake-up that no longer reproduces; DeepFM's
+# 4,096-key batches then ran every kernel on one thread.)
 PARALLEL_MIN_KEYS = 1024
 I64_MIN = np.int64(-(2**63))
 
