@@ -97,16 +97,21 @@ def hash_find(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
 @njit(types.void(I8_2D, I8, I8), **OPTS)
 def hash_insert(slots, keys, rows):  # type: ignore[no-untyped-def]
     # The home slots FIND_AHEAD keys ahead are prefetched, as in hash_find: the keys a pull
-    # creates are scattered over an index larger than the caches, one miss each.
+    # creates are scattered over an index larger than the caches, one miss each. Each key is
+    # hashed once: a ring of FIND_AHEAD homes carries it from the prefetch to the insert.
     mask = slots.shape[0] - 1
     n = keys.shape[0]
+    homes = np.empty(FIND_AHEAD, np.int64)
     for i in range(min(FIND_AHEAD, n)):
-        prefetch(slots, _home(keys[i], mask), 0)
+        homes[i] = _home(keys[i], mask)
+        prefetch(slots, homes[i], 0)
     for i in range(n):
-        if i + FIND_AHEAD < n:
-            prefetch(slots, _home(keys[i + FIND_AHEAD], mask), 0)
         key = keys[i]
-        j = _home(key, mask)
+        j = homes[i % FIND_AHEAD]
+        ahead = i + FIND_AHEAD
+        if ahead < n:  # its ring place is free now that key i's home is read
+            homes[ahead % FIND_AHEAD] = _home(keys[ahead], mask)
+            prefetch(slots, homes[ahead % FIND_AHEAD], 0)
         while slots[j, 1] >= 0 and slots[j, 0] != key:
             j = (j + 1) & mask
         slots[j, 0] = key
