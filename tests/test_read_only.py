@@ -105,3 +105,44 @@ def test_a_read_only_open_never_closed_removes_its_shadow_at_exit(
     )
     shadow = Path(out.stdout.strip())
     assert shadow.name.startswith("evdb-ro-") and not shadow.exists()
+
+
+def test_the_shadow_of_a_killed_reader_is_removed_by_the_next_open_and_a_live_ones_kept(
+    snapshots: dict[str, Path],
+) -> None:
+    """kill -9 runs no exit handler, so a crashed server's shadow stays in the temporary
+    directory; the next read-only open (any process) removes it, but never the shadow of a
+    reader that is still alive."""
+    opener = textwrap.dedent(
+        """
+        import os, signal, sys, evdb
+        db = evdb.open(sys.argv[1], read_only=True)
+        print(db._store._shadow, flush=True)
+        if sys.argv[2] == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.stdin.read()  # alive until the test closes stdin
+        """
+    )
+
+    def start(mode: str) -> tuple[subprocess.Popen[str], Path]:
+        p = subprocess.Popen(
+            [sys.executable, "-c", opener, str(snapshots["checkpoint"]), mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert p.stdout is not None
+        return p, Path(p.stdout.readline().strip())
+
+    live, live_shadow = start("live")
+    try:
+        dead, dead_shadow = start("die")
+        assert dead.wait(timeout=120) == -9
+        assert dead_shadow.name.startswith("evdb-ro-") and dead_shadow.is_dir()
+        with evdb.open(snapshots["checkpoint"], read_only=True) as db:
+            assert db.table("item").lookup(np.arange(4)).shape == (4, 4)
+        assert not dead_shadow.exists()
+        assert live_shadow.is_dir() and (live_shadow / "rocksdict-config.json").is_file()
+    finally:
+        live.communicate(input="", timeout=120)
+    assert live.returncode == 0 and not live_shadow.exists()

@@ -18,6 +18,7 @@ between two flushes can leak into the state a crash reopens to.
 from __future__ import annotations
 
 import collections
+import fcntl
 import itertools
 import os
 import shutil
@@ -125,17 +126,28 @@ def link_or_copy_tree(src: Path, dest: Path) -> None:
         shutil.copy2(entry.path, target)
 
 
-def _shadow(src: Path) -> Path:
+_SHADOW_PREFIX = "evdb-ro-"
+_SHADOW_OWNER = ".evdb-owner"  # flock'ed by the process that uses the shadow, while it lives
+
+
+def _shadow(src: Path) -> tuple[Path, int]:
     """A private directory that RocksDB can open read-only in place of src: a symbolic link
     to each of src's files, except rocksdict's own config file, which is copied (rocksdict
     writes it on every open; through a link it would rewrite the snapshot's copy). Whatever
     RocksDB or rocksdict write (the config, an info LOG) lands in the shadow, which
     ``RocksStore.close`` removes. Links, not hard links: the snapshot may be on another file
-    system or not writable."""
+    system or not writable. Returns the shadow and the descriptor of its owner lock, held
+    until the shadow is removed; shadows whose process died first are removed here."""
     if not src.is_dir():
         raise CorruptDataError(f"{src}: RocksDB directory is missing")
-    shadow = Path(tempfile.mkdtemp(prefix="evdb-ro-"))
+    sweep_dead_shadows()
+    shadow = Path(tempfile.mkdtemp(prefix=_SHADOW_PREFIX))
+    owner = -1
     try:
+        # locked before it gets its name, so a sweep never finds it unlocked
+        owner = os.open(shadow / f"{_SHADOW_OWNER}.new", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(owner, fcntl.LOCK_EX)
+        os.rename(shadow / f"{_SHADOW_OWNER}.new", shadow / _SHADOW_OWNER)
         for entry in os.scandir(src):
             target = shadow / entry.name
             if entry.name == "rocksdict-config.json":
@@ -143,9 +155,38 @@ def _shadow(src: Path) -> Path:
             else:
                 os.symlink(os.path.abspath(entry.path), target)
     except BaseException:
-        shutil.rmtree(shadow, ignore_errors=True)
+        _remove_shadow_dir(shadow, owner)
         raise
-    return shadow
+    return shadow, owner
+
+
+def _remove_shadow_dir(shadow: Path, owner: int) -> None:
+    shutil.rmtree(shadow, ignore_errors=True)
+    if owner >= 0:
+        os.close(owner)  # after the removal: a sweep never sees a live shadow unlocked
+
+
+def sweep_dead_shadows() -> int:
+    """Remove the shadows left by processes that died with a read-only store open (kill -9,
+    a crash: no close, no exit handler), which would otherwise pile up in the temporary
+    directory, one per crashed server. A live process holds its shadow's owner lock; the
+    kernel lets go of it when the process dies, in any PID namespace sharing the directory.
+    A shadow without the lock file (being made, or from an older evdb) is left alone.
+    Returns how many were removed."""
+    removed = 0
+    for path in Path(tempfile.gettempdir()).glob(f"{_SHADOW_PREFIX}*"):
+        try:
+            fd = os.open(path / _SHADOW_OWNER, os.O_RDWR)
+        except OSError:  # no lock file, not ours to open, or just removed
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its process is alive
+            os.close(fd)
+            continue
+        _remove_shadow_dir(path, fd)
+        removed += 1
+    return removed
 
 
 class RocksStore:
@@ -174,13 +215,12 @@ class RocksStore:
         # rocksdict rewrites its rocksdict-config.json on every open, read-only included, so a
         # read-only open goes through a private shadow of links (see _shadow): the snapshot
         # itself keeps every byte and mtime, and any number of processes may open it at once.
-        self._shadow = _shadow(self.path) if read_only else None
-        # a store never closed still removes its shadow, when collected or at exit
-        self._shadow_cleanup = (
-            None
-            if self._shadow is None
-            else weakref.finalize(self, shutil.rmtree, self._shadow, ignore_errors=True)
-        )
+        self._shadow: Path | None = None
+        self._shadow_cleanup: weakref.finalize[Any, Any] | None = None
+        if read_only:
+            self._shadow, owner = _shadow(self.path)
+            # a store never closed still removes its shadow, when collected or at exit
+            self._shadow_cleanup = weakref.finalize(self, _remove_shadow_dir, self._shadow, owner)
         try:
             self.db = rocksdict.Rdict(
                 str(self.path if self._shadow is None else self._shadow),
