@@ -797,13 +797,8 @@ def print_compress(report: Report, args: argparse.Namespace) -> None:
 
 
 # -- main ---------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=1_000_000, help="cold-read table rows")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=65_536, help="keys per cold lookup")
-    p.add_argument("--cold-dram", type=int, default=1000, help="DRAM rows of the cold table")
-    p.add_argument("--repeat", type=int, default=5, help="timed calls per figure (median)")
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    """The training section's workload (``profile_spill.py`` reruns it with the same)."""
     p.add_argument("--zipf-keys", type=int, default=10_000_000, help="distinct training keys")
     p.add_argument("--zipf-a", type=float, default=1.1)
     p.add_argument("--train-batch", type=int, default=16_384, help="keys per training step")
@@ -811,6 +806,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dram-share", type=float, default=0.05, help="run A's DRAM share of K")
     p.add_argument("--train-warmup", type=int, default=500, help="untimed steps")
     p.add_argument("--train-steps", type=int, default=1000, help="timed steps")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=1_000_000, help="cold-read table rows")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=65_536, help="keys per cold lookup")
+    p.add_argument("--cold-dram", type=int, default=1000, help="DRAM rows of the cold table")
+    p.add_argument("--repeat", type=int, default=5, help="timed calls per figure (median)")
+    add_train_args(p)
     p.add_argument(
         "--model-ms",
         type=float,

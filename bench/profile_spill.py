@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 from _common import cpu_line, fmt_rate, log, print_table, versions_line, wall_line
-from bench_tiers import GRAD_STD, TRAIN_LR, rocks_tier, scratch_dir, zipf_batches
+from bench_tiers import GRAD_STD, TRAIN_LR, add_train_args, rocks_tier, scratch_dir, zipf_batches
 
 import evdb
 
@@ -189,14 +189,10 @@ def report(b: Run, a: Run, args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--zipf-keys", type=int, default=10_000_000, help="distinct training keys")
-    p.add_argument("--zipf-a", type=float, default=1.1)
-    p.add_argument("--train-batch", type=int, default=16_384, help="keys per training step")
-    p.add_argument("--train-dim", type=int, default=64)
-    p.add_argument("--dram-share", type=float, default=0.05, help="run A's DRAM share of K")
-    p.add_argument("--train-warmup", type=int, default=500, help="untimed steps")
-    p.add_argument("--train-steps", type=int, default=1000, help="timed steps")
-    p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    add_train_args(p)
+    p.add_argument(
+        "--cores", type=int, default=len(os.sched_getaffinity(0)), help="cores for the bound"
+    )
     p.add_argument("--tmpdir", default=None, help="where the stores live")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run: small sizes, seconds")
