@@ -140,7 +140,7 @@ def _shadow(src: Path) -> tuple[Path, int]:
     until the shadow is removed; shadows whose process died first are removed here."""
     if not src.is_dir():
         raise CorruptDataError(f"{src}: RocksDB directory is missing")
-    sweep_dead_shadows()
+    _sweep_dead_shadows()
     shadow = Path(tempfile.mkdtemp(prefix=_SHADOW_PREFIX))
     owner = -1
     try:
@@ -166,7 +166,7 @@ def _remove_shadow_dir(shadow: Path, owner: int) -> None:
         os.close(owner)  # after the removal: a sweep never sees a live shadow unlocked
 
 
-def sweep_dead_shadows() -> int:
+def _sweep_dead_shadows() -> int:
     """Remove the shadows left by processes that died with a read-only store open (kill -9,
     a crash: no close, no exit handler), which would otherwise pile up in the temporary
     directory, one per crashed server. A live process holds its shadow's owner lock; the
