@@ -70,19 +70,17 @@ def by_group(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
 
 @dataclass
 class Timed:
-    """A method's calls timed on the calling thread: wall and thread CPU seconds, keys."""
+    """A method's calls timed on the calling thread: thread CPU seconds, and keys."""
 
-    wall: float = 0.0
     cpu: float = 0.0
     keys: int = 0
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(keys: np.ndarray, *args: Any, **kwargs: Any) -> Any:
-            t0, c0 = time.perf_counter(), time.thread_time()
+            c0 = time.thread_time()
             try:
                 return fn(keys, *args, **kwargs)
             finally:
-                self.wall += time.perf_counter() - t0
                 self.cpu += time.thread_time() - c0
                 self.keys += keys.shape[0]
 

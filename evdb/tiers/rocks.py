@@ -166,14 +166,12 @@ def _remove_shadow_dir(shadow: Path, owner: int) -> None:
         os.close(owner)  # after the removal: a sweep never sees a live shadow unlocked
 
 
-def _sweep_dead_shadows() -> int:
+def _sweep_dead_shadows() -> None:
     """Remove the shadows left by processes that died with a read-only store open (kill -9,
     a crash: no close, no exit handler), which would otherwise pile up in the temporary
     directory, one per crashed server. A live process holds its shadow's owner lock; the
     kernel lets go of it when the process dies, in any PID namespace sharing the directory.
-    A shadow without the lock file (being made, or from an older evdb) is left alone.
-    Returns how many were removed."""
-    removed = 0
+    A shadow without the lock file (being made, or from an older evdb) is left alone."""
     for path in Path(tempfile.gettempdir()).glob(f"{_SHADOW_PREFIX}*"):
         try:
             fd = os.open(path / _SHADOW_OWNER, os.O_RDWR)
@@ -185,8 +183,6 @@ def _sweep_dead_shadows() -> int:
             os.close(fd)
             continue
         _remove_shadow_dir(path, fd)
-        removed += 1
-    return removed
 
 
 class RocksStore:
