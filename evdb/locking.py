@@ -1,0 +1,164 @@
+"""A database's readers-writer lock, and the decorators that take it around its operations.
+
+One ``RWLock`` per ``Database``, shared by its tables. Operations that change nothing take it
+shared, so threads read at once (numba's kernels let go of the GIL, so they really run side by
+side); everything that mutates takes it exclusive; ``close`` takes it exclusive too, so it
+waits for the calls in flight, and calls after it raise ``DatabaseClosedError``.
+
+The lock prefers writers: once a writer waits, new readers wait behind it, so a stream of
+lookups cannot starve a trainer's push. It is reentrant in the ways evdb's own operations nest
+(public methods call each other): a thread that holds it, either way, may take it shared again,
+and a writer may take it exclusive again. A reader asking for it exclusive is refused (it would
+wait for itself forever).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+from evdb.errors import EvdbError
+
+__all__ = ["RWLock", "exclusive", "reading", "shared"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class RWLock:
+    """Many readers or one writer, writer-preferring, reentrant for nested calls."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0  # threads holding it shared (each counted once)
+        self._writer = 0  # thread ident of the exclusive holder; 0: none
+        self._depth = 0  # the writer's nested exclusive holds
+        self._waiting = 0  # writers waiting: new readers wait behind them
+        self._mine = threading.local()  # .n: this thread's nested shared holds
+        self.writes = 0  # exclusive sections completed (a scan notices writes between chunks)
+
+    def acquire_shared(self) -> None:
+        mine = self._mine
+        held = getattr(mine, "n", 0)
+        if held or self._writer == threading.get_ident():
+            mine.n = held + 1  # nested: this thread already keeps writers (or readers) out
+            return
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+        mine.n = 1
+
+    def release_shared(self) -> None:
+        mine = self._mine
+        mine.n -= 1
+        if mine.n or self._writer == threading.get_ident():
+            return
+        with self._cond:
+            self._readers -= 1
+            if not self._readers and self._waiting:
+                self._cond.notify_all()
+
+    def acquire_exclusive(self) -> None:
+        me = threading.get_ident()
+        if self._writer == me:
+            self._depth += 1
+            return
+        if getattr(self._mine, "n", 0):
+            raise EvdbError(
+                "a thread reading the database asked to write to it inside that read "
+                "(it would wait for itself); this is a bug in evdb"
+            )
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._writer = me
+            self._depth = 1
+
+    def release_exclusive(self) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        with self._cond:
+            self._writer = 0
+            self.writes += 1
+            self._cond.notify_all()
+
+    def held_exclusive(self) -> bool:
+        """Whether the calling thread holds the lock exclusive."""
+        return self._writer == threading.get_ident()
+
+    def held(self) -> bool:
+        """Whether the calling thread holds the lock, either way."""
+        return bool(getattr(self._mine, "n", 0)) or self.held_exclusive()
+
+
+class _Locked(Protocol):
+    _rwlock: RWLock
+
+
+class _Reader(_Locked, Protocol):
+    def _reads_mutate(self) -> bool: ...
+
+
+L = TypeVar("L", bound=_Locked)
+T = TypeVar("T", bound=_Reader)
+
+
+def shared(method: Callable[Concatenate[L, P], R]) -> Callable[Concatenate[L, P], R]:
+    """Run the method holding its object's ``_rwlock`` shared (a read that changes nothing)."""
+
+    @functools.wraps(method)
+    def locked(self: L, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        lock = self._rwlock
+        lock.acquire_shared()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            lock.release_shared()
+
+    return locked
+
+
+def exclusive(method: Callable[Concatenate[L, P], R]) -> Callable[Concatenate[L, P], R]:
+    """Run the method holding its object's ``_rwlock`` exclusive (anything that mutates)."""
+
+    @functools.wraps(method)
+    def locked(self: L, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        lock = self._rwlock
+        lock.acquire_exclusive()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            lock.release_exclusive()
+
+    return locked
+
+
+def reading(method: Callable[Concatenate[T, P], R]) -> Callable[Concatenate[T, P], R]:
+    """Run a read shared, unless its object says a read would mutate it now
+    (``_reads_mutate()``, asked under the shared lock, so no writer changes the answer): then
+    exclusive. A thread that holds the lock exclusive already runs it as it holds it."""
+
+    @functools.wraps(method)
+    def locked(self: T, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        lock = self._rwlock
+        lock.acquire_shared()
+        try:
+            if lock.held_exclusive() or not self._reads_mutate():
+                return method(self, *args, **kwargs)
+        finally:
+            lock.release_shared()
+        lock.acquire_exclusive()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            lock.release_exclusive()
+
+    return locked
