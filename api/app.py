@@ -18,6 +18,9 @@ parallelism; each opens the snapshot read-only.
 Errors: every refusal is a 4xx whose JSON names the field and first bad element
 (``{"detail": ...}``, or ``{"error": ...}`` under ``/v2`` as the protocol says). FastAPI's
 own validation handler is replaced: it echoes the input back, and can fail on what it echoes.
+A route that reads a body takes ``application/json`` (or no Content-Type), and raw bytes
+where it says so; any other type is a 415 (``codec.body_type``). Every response carries
+``X-Content-Type-Options: nosniff`` (:class:`NoSniff`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import evdb
 
@@ -140,7 +143,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics, holder=holder)
     if settings.state_file is not None:
         app.add_middleware(FollowReloads, holder=holder)
+    app.add_middleware(NoSniff)
     return app
+
+
+NOSNIFF = (b"x-content-type-options", b"nosniff")
+
+
+class NoSniff:
+    """``X-Content-Type-Options: nosniff`` on every response: a browser takes each body for
+    the type it is sent as (a JSON error quoting a client's string is never run as a script
+    or rendered as HTML), whichever route, handler or refusal wrote it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_nosniff(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == NOSNIFF[0] for name, _ in headers):
+                    message = {**message, "headers": [*headers, NOSNIFF]}
+            await send(message)
+
+        await self.app(scope, receive, send_nosniff)
 
 
 class FollowReloads:

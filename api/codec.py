@@ -89,6 +89,16 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", JSON).split(";")[0].strip().lower()
 
 
+def body_type(request: Request, *accepted: str) -> str:
+    """The body's media type if it is one of ``accepted``, else 415: the one rule of every
+    route that reads a body (a body without a Content-Type is JSON; ``text/plain``, forms and
+    the rest are refused, so a browser's simple cross-site POST is never read as JSON)."""
+    kind = media_type(request)
+    if kind not in accepted:
+        raise ApiError(415, f"content-type: expected {' or '.join(accepted)}, got {short(kind)}")
+    return kind
+
+
 def wants_octet(request: Request) -> bool:
     return OCTET in request.headers.get("accept", "")
 
@@ -226,13 +236,30 @@ _INT64_LIST = TypeAdapter(list[Int64])
 _STR_LIST = TypeAdapter(list[StrictStr])
 
 
+# The deepest nesting of a tensor's data: numpy's most dimensions. A client's nesting is
+# walked with a stack, not recursion: data nested 1,000 deep exhausted Python's recursion
+# limit (a RecursionError, answered 500).
+MAX_NESTING = 64
+
+
 def _flatten(data: list[Any]) -> list[Any]:
     """Row-major flattening of nested lists (the protocol allows either form)."""
     if not any(isinstance(x, list) for x in data):
         return data
     out: list[Any] = []
-    for x in data:
-        out.extend(_flatten(x) if isinstance(x, list) else [x])
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                if len(stack) == MAX_NESTING:
+                    raise ApiError(
+                        422, f"inputs[0].data: nested more than {MAX_NESTING} lists deep"
+                    )
+                stack.append(iter(x))
+                break
+            out.append(x)
+        else:  # this list is done: back to its parent
+            stack.pop()
     return out
 
 

@@ -22,6 +22,7 @@ from ..codec import (
     JSON,
     OCTET,
     ApiError,
+    body_type,
     decode_keys,
     dumps,
     encode_outputs,
@@ -47,7 +48,7 @@ from ..schemas import (
 from ..snapshots import VERSION_HEADER, Snapshot
 
 router = APIRouter(prefix="/v2", tags=["kserve v2"])
-ERRORS = error_responses(InferError, 404, 413, 422, 503)
+ERRORS = error_responses(InferError, 404, 413, 415, 422, 503)
 EXTENSIONS = ["binary_tensor_data"]
 
 
@@ -134,6 +135,7 @@ async def infer(request: Request) -> Response:
     model: str = request.path_params["model"]
     version: str | None = request.path_params.get("version")
     settings = settings_of(request)
+    body_type(request, JSON, OCTET)  # OCTET: the binary extension (aiohttp's default type)
     body = await read_body(request, settings.max_body_bytes)
     data, binary = split_infer_body(body, request.headers.get(INFER_HEADER))
     req = validate(InferRequest, data)

@@ -19,7 +19,7 @@ from evdb import publish
 from evdb.neighbors import check_query, live_chunks, top_k
 from evdb.tiers.scoring import min_live_step
 
-from ..codec import JSON, ApiError, dumps, parse_json, read_body, validate
+from ..codec import JSON, ApiError, body_type, dumps, parse_json, read_body, validate
 from ..deps import settings_of, table_of, use_snapshot
 from ..openapi import body_doc, error_responses
 from ..schemas import Error, Int64, _Strict
@@ -66,6 +66,7 @@ async def neighbors(request: Request) -> Response:
     (``Table.neighbors``)."""
     name: str = request.path_params["name"]
     settings = settings_of(request)
+    body_type(request, JSON)
     body = await read_body(request, 64 * 65536)
     data = parse_json(body)
     if isinstance(data, dict) and isinstance(data.get("k"), int) and data["k"] > MAX_K:

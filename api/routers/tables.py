@@ -14,9 +14,9 @@ from ..codec import (
     OCTET,
     SHAPE_HEADER,
     ApiError,
+    body_type,
     dumps,
     int64_keys,
-    media_type,
     parse_json,
     read_body,
     validate,
@@ -87,8 +87,8 @@ async def lookup(request: Request) -> Response:
     per key. Never creates a row or counts toward admission."""
     name: str = request.path_params["name"]
     settings = settings_of(request)
+    kind = body_type(request, JSON, OCTET)
     body = await read_body(request, settings.max_body_bytes)
-    kind = media_type(request)
     with use_snapshot(request) as snap:
         table = table_of(snap, name)
         str_keys = table.config.key_type == "str"
@@ -97,15 +97,13 @@ async def lookup(request: Request) -> Response:
             if str_keys:
                 raise ApiError(415, f"body: table {name!r} has str keys; send them as JSON")
             keys: Any = int64_keys(body)
-        elif kind == JSON:
+        else:
             data = parse_json(body)
             if isinstance(data, dict) and isinstance(data.get("keys"), list):
                 check_count(len(data["keys"]), settings.max_keys)
             req = validate(StrLookupRequest if str_keys else IntLookupRequest, data)
             keys = req.keys if str_keys else np.array(req.keys, dtype=np.int64)
             offsets, weights, combiner = req.offsets, req.weights, req.combiner
-        else:
-            raise ApiError(415, f"content-type: expected {JSON} or {OCTET}")
         check_count(len(keys), settings.max_keys)
         embeddings, found = lookup_rows(snap, name, table, keys, offsets, weights, combiner)
         version = snap.version

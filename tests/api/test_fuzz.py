@@ -1,4 +1,5 @@
-"""Property tests: schemathesis against the app's own OpenAPI spec, and raw-body fuzzing.
+"""Property tests: schemathesis against the app's own OpenAPI spec, raw-body fuzzing, and an
+attacker's corpus sent to every route.
 
 Whatever arrives, the answer is a 2xx or a 4xx with a JSON message, never a 5xx, and what
 the spec promises about status codes, content types and response bodies holds.
@@ -7,7 +8,12 @@ the spec promises about status codes, content types and response bodies holds.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -148,3 +154,226 @@ def test_valid_lookups_match_the_table(app, client, keys, data) -> None:
     got = np.array(r.json()["embeddings"], np.float32).reshape(want.shape)
     np.testing.assert_array_equal(got, want)
     assert r.json()["found"] == table.contains(keys).tolist()
+
+
+# -- an attacker's corpus over every route --------------------------------------------------
+#
+# Hypothesis above draws bodies at random; this sends, to every route of the app, the inputs
+# that break servers: each field of a valid body replaced by an odd value (non-JSON numbers,
+# numbers past float64 and int64, -0, wrong types, strings with NUL or a lone surrogate,
+# nesting deeper than any recursion limit), whole bodies that are not JSON or not an object,
+# every content type, odd path parameters and query strings, wrong methods. Deterministic, so
+# its count of requests is a figure that can be compared from run to run.
+
+
+def _deep(open_: bytes, close: bytes, depth: int, leaf: bytes = b"1") -> bytes:
+    return open_ * depth + leaf + close * depth
+
+
+ODD_VALUES: list[bytes] = [
+    b"NaN",
+    b"Infinity",
+    b"-Infinity",
+    b"1e400",
+    b"-1e400",
+    b"1e-400",
+    b"-0",
+    b"-0.0",
+    b"1.5",
+    str(2**63).encode(),
+    str(2**64).encode(),
+    str(-(2**63) - 1).encode(),
+    str(-(2**64)).encode(),
+    b"9" * 400,
+    b"true",
+    b"null",
+    b'""',
+    b'"\\u0000"',
+    b'"a\\u0000b"',
+    b'"\\ud800"',
+    b'"' + b"x" * 5000 + b'"',
+    b"[]",
+    b"{}",
+    b'{"a": 1}',
+    b"[NaN]",
+    b"[1e400, -0, 1.5]",
+    b"[" + str(2**64).encode() + b"]",
+    b'[null, true, "x", {}, []]',
+    b"[[1], [2, 3]]",
+    _deep(b"[", b"]", 1000),
+    _deep(b"[", b"]", 5000),
+    _deep(b'{"a":', b"}", 1000),
+    b"[" + _deep(b"[", b"]", 1000) + b"]",
+]
+# Valid bodies per route kind, and the fields (dotted paths into them) whose value is replaced.
+VALID_BODIES: dict[str, tuple[dict[str, Any], str]] = {
+    "lookup": (
+        {"keys": [1, 2, 3], "offsets": [0, 1], "weights": [1.0, 2.0, 3.0], "combiner": "sum"},
+        "keys keys.0 offsets offsets.1 weights weights.0 combiner",
+    ),
+    "neighbors": ({"key": 1, "k": 3, "metric": "cosine"}, "key k metric vector"),
+    "infer": (
+        {
+            "id": "1",
+            "parameters": {"binary_data_output": False},
+            "inputs": [{"name": "keys", "datatype": "INT64", "shape": [2, 1], "data": [[1], [2]]}],
+            "outputs": [{"name": "embeddings", "parameters": {"binary_data": False}}],
+        },
+        "id parameters parameters.binary_data_output inputs inputs.0 inputs.0.name "
+        "inputs.0.datatype inputs.0.shape inputs.0.shape.0 inputs.0.data inputs.0.data.0 "
+        "inputs.0.data.0.0 inputs.0.parameters inputs.0.parameters.binary_data_size outputs "
+        "outputs.0.name outputs.0.parameters.binary_data",
+    ),
+}
+WHOLE_BODIES: list[bytes] = [
+    b"",
+    b"{",
+    b"}",
+    b"null",
+    b"[]",
+    b'"keys"',
+    b"NaN",
+    b"1e400",
+    b"\xff\xfe\x00",
+    b"\xef\xbb\xbf{}",
+    b'{"keys": [1]} trailing',
+    b'{"keys": [1], "keys": "x"}',
+    _deep(b"[", b"]", 1000),
+    _deep(b'{"a":', b"}", 1000),
+    _deep(b"[", b"]", 100_000),
+    b"\x00" * 64,
+]
+CONTENT_TYPES = [
+    None,
+    "application/json",
+    "application/json; charset=latin-1",
+    "APPLICATION/JSON",
+    "application/octet-stream",
+    "text/plain",
+    "text/plain; charset=utf-8",
+    "multipart/form-data; boundary=x",
+    "application/x-www-form-urlencoded",
+    "application/vnd.evil+json",
+    "*/*",
+    ";",
+    "",
+]
+PATH_VALUES = ["item", "tok", "nope", "..", "%00", "%2e%2e", "%2F", "%ff", "é", "%F0%9F%98%80",
+               "a" * 5000, "item%00", "NaN", "-0", str(2**64)]  # fmt: skip
+QUERIES = ["", "?a=1", "?%00=%00", "?" + "x" * 8000, "?keys=1&keys=2", "?=&&=", "?%ff"]
+RELOAD_PATHS = ["a\x00b", "\x00", "", "/", "..", "~", "a" * 5000, "/" + "a" * 300, "snap",
+                "\ud800", "\n", "/dev/null", "/proc/self/mem", "file", "nope", "loop",
+                "snap/../snap", "snap/MANIFEST.json", "snap\\..\\snap"]  # fmt: skip
+ADMIN_HEADERS = [
+    {"authorization": "Bearer t"},
+    {"authorization": "Bearer"},
+    {"authorization": "Bearer " + "x" * 10000},
+    {"authorization": "Basic dDp0"},
+    {"authorization": "Bearer t\t"},
+]
+
+
+def _spliced(body: Any, at: str, raw: bytes) -> bytes:
+    """``body`` as JSON with the value at dotted path ``at`` (added if missing) replaced by
+    ``raw`` bytes, which need not be JSON: NaN, 1e400, a nesting deeper than json.dumps goes."""
+    marker = "\x01SPLICE\x01"
+    body = json.loads(json.dumps(body))  # a copy
+    node = body
+    *parents, last = [int(p) if p.isdigit() else p for p in at.split(".")]
+    for part in parents:
+        node = node.setdefault(part, {}) if isinstance(node, dict) else node[part]
+    node[last] = marker
+    return json.dumps(body).encode().replace(json.dumps(marker).encode(), raw, 1)
+
+
+def _attacks(root: Path) -> Iterator[tuple[str, str, bytes, dict[str, str]]]:
+    """(method, url, body, headers) of every attack, over every route of the app."""
+    admin = {"authorization": "Bearer t"}
+    # each field of a valid body replaced by each odd value (the versioned infer route
+    # shares the handler: the whole-body attacks below reach it)
+    urls = {"lookup": "/v1/tables/{}/lookup", "neighbors": "/v1/tables/{}/neighbors",
+            "infer": "/v2/models/{}/infer"}  # fmt: skip
+    for kind, url in urls.items():
+        good, fields = VALID_BODIES[kind]
+        for table in ("item", "tok"):
+            for at in fields.split():
+                for raw in ODD_VALUES:
+                    yield "POST", url.format(table), _spliced(good, at, raw), {}
+    for raw in ODD_VALUES:
+        yield "POST", "/v1/admin/reload", _spliced({}, "path", raw), admin
+    for p in RELOAD_PATHS:
+        path = p if p.startswith(("/", "\x00", "\ud800")) or not p else f"{root}/{p}"
+        raw = json.dumps({"path": path}).encode()
+        yield "POST", "/v1/admin/reload", raw, admin
+    # whole bodies, under every content type, to every route that takes a body
+    posts = ["/v1/tables/item/lookup", "/v1/tables/tok/lookup", "/v1/tables/item/neighbors",
+             "/v2/models/item/infer", "/v2/models/tok/infer", "/v1/admin/reload"]  # fmt: skip
+    valid = {
+        "/v1/tables/item/lookup": b'{"keys": [1]}',
+        "/v1/tables/tok/lookup": b'{"keys": ["the"]}',
+        "/v1/tables/item/neighbors": b'{"key": 1}',
+        "/v2/models/item/infer": json.dumps(VALID_BODIES["infer"][0]).encode(),
+        "/v2/models/tok/infer": b'{"inputs": [{"name": "keys", "datatype": "BYTES", '
+        b'"shape": [1], "data": ["the"]}]}',
+        "/v1/admin/reload": json.dumps({"path": f"{root}/snap"}).encode(),
+    }
+    for url in posts:
+        headers = admin if "admin" in url else {}
+        for ctype in CONTENT_TYPES:
+            ct = {} if ctype is None else {"content-type": ctype}
+            for raw in [valid[url], *WHOLE_BODIES]:
+                yield "POST", url, raw, {**headers, **ct}
+        for extra in ADMIN_HEADERS if "admin" in url else []:
+            yield "POST", url, valid[url], extra
+        for encoding in ("gzip", "deflate", "br", "gzip, gzip", ""):
+            yield "POST", url, valid[url], {**headers, "content-encoding": encoding}
+        for cut in ("0", "1", "-1", "99999999999999999999", "1e3", " 1"):
+            yield "POST", url, valid[url], {**headers, "inference-header-content-length": cut}
+    # every route, with odd path parameters and query strings, by its own and other methods
+    # (each odd path value once, each odd query string once: their product adds nothing)
+    for template, methods in _routes():
+        names = PATH_VALUES if "{" in template else [""]
+        odd = [(name, "") for name in names] + [(names[0], query) for query in QUERIES[1:]]
+        for name, query in odd:
+            url = re.sub(r"\{[^}]+\}", name, template)
+            for method in [*methods, "PUT", "DELETE"]:
+                headers = admin if "admin" in url else {}
+                body = valid.get(url, b"{}") if method == "POST" else b""
+                yield method, url + query, body, headers
+
+
+def _routes() -> list[tuple[str, list[str]]]:
+    app = create_app(Settings())
+    out = []
+    for route in app.routes:
+        path = getattr(route, "path", None)
+        methods = sorted((getattr(route, "methods", None) or {"GET"}) - {"HEAD"})
+        if path is not None:
+            out.append((path, methods))
+    return out
+
+
+def test_every_route_refuses_an_attackers_corpus_without_5xx(fuzz_settings) -> None:
+    """The whole corpus, every route: no answer is a 5xx, and every refusal is a 4xx whose
+    JSON names what was wrong (issue 26: a deep ``data`` and a NUL in a reload path gave
+    500)."""
+    from fastapi.testclient import TestClient
+
+    root = fuzz_settings.allow_roots[0]
+    (root / "file").write_bytes(b"not a database")
+    (root / "loop").symlink_to(root / "loop")
+    app = loaded_app(fuzz_settings)
+    sent = 0
+    failed: list[str] = []
+    client = TestClient(app, raise_server_exceptions=False)  # no lifespan: loaded already
+    for method, url, body, headers in _attacks(root):
+        try:
+            r = client.request(method, url, content=body, headers=headers)
+        except (UnicodeEncodeError, httpx.InvalidURL):  # what httpx itself cannot send
+            continue
+        sent += 1
+        if r.status_code >= 500:
+            failed.append(f"{r.status_code} {method} {url[:80]} {body[-120:]!r} {headers}")
+    app.state.holder.close()
+    print(f"attack corpus: {sent} requests, {len(failed)} 5xx")
+    assert not failed, f"{len(failed)} of {sent} requests answered 5xx:\n" + "\n".join(failed[:40])
