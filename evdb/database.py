@@ -68,6 +68,7 @@ FORMAT = "evdb-rocksdb-1"
 POINTER = "evdb.json"
 WORKING = "rocksdb"
 CHECKPOINTS = "checkpoints"
+_SNAPSHOT_TRIES = 50  # read-only opens: checkpoints a writer may remove under one open
 
 
 def _column_family(table: str) -> str:
@@ -183,16 +184,30 @@ class Database:
             raise CorruptDataError(f"{path}: unknown format {found!r}, expected {FORMAT!r}")
         return meta
 
+    def _open_snapshot(self) -> RocksStore:
+        """Read-only: open the checkpoint the pointer names. A writer's flush may remove it
+        before the store holds its files (the store pins them once it has them, see
+        ``RocksStore``); then the pointer has moved on, and the next checkpoint is tried. A
+        failure with the pointer unchanged is the snapshot's own, and raised."""
+        for attempt in range(1, _SNAPSHOT_TRIES + 1):
+            pointer = self._read_pointer()
+            assert pointer is not None
+            source = self.path / CHECKPOINTS / str(pointer["checkpoint"])
+            try:
+                return RocksStore(
+                    source, pointer["column_families"], read_only=True, mmap_reads=self._mmap_reads
+                )
+            except CorruptDataError:
+                if attempt == _SNAPSHOT_TRIES or self._read_pointer() == pointer:
+                    raise
+        raise AssertionError("unreachable")
+
     def _open_store(self) -> RocksStore:
         """Recreate the working copy from the current checkpoint (or start empty); read-only,
         open the current checkpoint itself."""
-        pointer = self._read_pointer()
         if self.read_only:
-            assert pointer is not None
-            source = self.path / CHECKPOINTS / str(pointer["checkpoint"])
-            return RocksStore(
-                source, pointer["column_families"], read_only=True, mmap_reads=self._mmap_reads
-            )
+            return self._open_snapshot()
+        pointer = self._read_pointer()
         working = self.path / WORKING
         checkpoints = self.path / CHECKPOINTS
         checkpoints.mkdir(exist_ok=True)

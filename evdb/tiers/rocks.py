@@ -128,21 +128,34 @@ def link_or_copy_tree(src: Path, dest: Path) -> None:
 
 _SHADOW_PREFIX = "evdb-ro-"
 _SHADOW_OWNER = ".evdb-owner"  # flock'ed by the process that uses the shadow, while it lives
+# Linux's per-process links to open descriptors: opening one opens the very file the
+# descriptor holds, even after its name is gone (None where there are none: plain links)
+_FD_LINKS = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
 
 
-def _shadow(src: Path) -> tuple[Path, int]:
+def _shadow(src: Path) -> tuple[Path, int, list[int]]:
     """A private directory that RocksDB can open read-only in place of src: a symbolic link
     to each of src's files, except rocksdict's own config file, which is copied (rocksdict
     writes it on every open; through a link it would rewrite the snapshot's copy). Whatever
     RocksDB or rocksdict write (the config, an info LOG) lands in the shadow, which
     ``RocksStore.close`` removes. Links, not hard links: the snapshot may be on another file
-    system or not writable. Returns the shadow and the descriptor of its owner lock, held
-    until the shadow is removed; shadows whose process died first are removed here."""
+    system or not writable.
+
+    The snapshot is pinned: each of its files is opened here, and the link points at the
+    open descriptor (``/proc/self/fd/N``), not at the name. A writer's flush removes the
+    previous checkpoint directory while readers may be opening it; a pinned file stays
+    readable, so the reader sees the snapshot it chose, whole, for as long as it is open.
+    src gone before its files are all held raises ``CorruptDataError`` (the caller may try
+    the checkpoint that replaced it).
+
+    Returns the shadow, the descriptor of its owner lock, held until the shadow is removed,
+    and the pins; shadows whose process died first are removed here."""
     if not src.is_dir():
         raise CorruptDataError(f"{src}: RocksDB directory is missing")
     _sweep_dead_shadows()
     shadow = Path(tempfile.mkdtemp(prefix=_SHADOW_PREFIX))
     owner = -1
+    pins: list[int] = []
     try:
         # locked before it gets its name, so a sweep never finds it unlocked
         owner = os.open(shadow / f"{_SHADOW_OWNER}.new", os.O_RDWR | os.O_CREAT, 0o600)
@@ -152,16 +165,24 @@ def _shadow(src: Path) -> tuple[Path, int]:
             target = shadow / entry.name
             if entry.name == "rocksdict-config.json":
                 shutil.copyfile(entry.path, target)
-            else:
+            elif _FD_LINKS is None:
                 os.symlink(os.path.abspath(entry.path), target)
+            else:
+                pins.append(os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC))
+                os.symlink(f"{_FD_LINKS}/{pins[-1]}", target)
+    except FileNotFoundError as e:  # removed (by a writer's flush) while being pinned
+        _remove_shadow_dir(shadow, owner, pins)
+        raise CorruptDataError(f"{src}: RocksDB directory is missing ({e})") from e
     except BaseException:
-        _remove_shadow_dir(shadow, owner)
+        _remove_shadow_dir(shadow, owner, pins)
         raise
-    return shadow, owner
+    return shadow, owner, pins
 
 
-def _remove_shadow_dir(shadow: Path, owner: int) -> None:
+def _remove_shadow_dir(shadow: Path, owner: int, pins: list[int] | None = None) -> None:
     shutil.rmtree(shadow, ignore_errors=True)
+    for fd in pins or ():
+        os.close(fd)
     if owner >= 0:
         os.close(owner)  # after the removal: a sweep never sees a live shadow unlocked
 
@@ -214,9 +235,11 @@ class RocksStore:
         self._shadow: Path | None = None
         self._shadow_cleanup: weakref.finalize[Any, Any] | None = None
         if read_only:
-            self._shadow, owner = _shadow(self.path)
+            self._shadow, owner, pins = _shadow(self.path)
             # a store never closed still removes its shadow, when collected or at exit
-            self._shadow_cleanup = weakref.finalize(self, _remove_shadow_dir, self._shadow, owner)
+            self._shadow_cleanup = weakref.finalize(
+                self, _remove_shadow_dir, self._shadow, owner, pins
+            )
         try:
             self.db = rocksdict.Rdict(
                 str(self.path if self._shadow is None else self._shadow),
