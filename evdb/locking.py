@@ -31,34 +31,45 @@ class RWLock:
     """Many readers or one writer, writer-preferring, reentrant for nested calls."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # taken with ``with self._mutex`` (a C-level enter, where a Condition's is Python's);
+        # waits go through the condition over the same lock
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0  # threads holding it shared (each counted once)
         self._writer = 0  # thread ident of the exclusive holder; 0: none
         self._depth = 0  # the writer's nested exclusive holds
         self._waiting = 0  # writers waiting: new readers wait behind them
+        self._sleepers = 0  # threads waiting, readers or writers (woken when one leaves)
         self._mine = threading.local()  # .n: this thread's nested shared holds
-        self.writes = 0  # exclusive sections completed (a scan notices writes between chunks)
+        self.writes = 0  # writes completed (``exclusive``): a scan notices one between chunks
 
-    def acquire_shared(self) -> None:
+    def acquire_shared(self) -> bool:
+        """Take it shared; returns whether this thread held it already (either way)."""
         mine = self._mine
         held = getattr(mine, "n", 0)
-        if held or self._writer == threading.get_ident():
+        if held or (self._writer and self._writer == threading.get_ident()):
             mine.n = held + 1  # nested: this thread already keeps writers (or readers) out
-            return
-        with self._cond:
-            while self._writer or self._waiting:
-                self._cond.wait()
+            return True
+        with self._mutex:
+            if self._writer or self._waiting:
+                self._sleepers += 1
+                try:
+                    while self._writer or self._waiting:
+                        self._cond.wait()
+                finally:
+                    self._sleepers -= 1
             self._readers += 1
         mine.n = 1
+        return False
 
     def release_shared(self) -> None:
         mine = self._mine
-        mine.n -= 1
-        if mine.n or self._writer == threading.get_ident():
+        n = mine.n = mine.n - 1
+        if n or (self._writer and self._writer == threading.get_ident()):
             return
-        with self._cond:
+        with self._mutex:
             self._readers -= 1
-            if not self._readers and self._waiting:
+            if not self._readers and self._sleepers:
                 self._cond.notify_all()
 
     def acquire_exclusive(self) -> None:
@@ -71,13 +82,16 @@ class RWLock:
                 "a thread reading the database asked to write to it inside that read "
                 "(it would wait for itself); this is a bug in evdb"
             )
-        with self._cond:
-            self._waiting += 1
-            try:
-                while self._writer or self._readers:
-                    self._cond.wait()
-            finally:
-                self._waiting -= 1
+        with self._mutex:
+            if self._writer or self._readers:
+                self._waiting += 1
+                self._sleepers += 1
+                try:
+                    while self._writer or self._readers:
+                        self._cond.wait()
+                finally:
+                    self._waiting -= 1
+                    self._sleepers -= 1
             self._writer = me
             self._depth = 1
 
@@ -85,10 +99,10 @@ class RWLock:
         self._depth -= 1
         if self._depth:
             return
-        with self._cond:
+        with self._mutex:
             self._writer = 0
-            self.writes += 1
-            self._cond.notify_all()
+            if self._sleepers:
+                self._cond.notify_all()
 
     def held_exclusive(self) -> bool:
         """Whether the calling thread holds the lock exclusive."""
@@ -127,7 +141,8 @@ def shared(method: Callable[Concatenate[L, P], R]) -> Callable[Concatenate[L, P]
 
 
 def exclusive(method: Callable[Concatenate[L, P], R]) -> Callable[Concatenate[L, P], R]:
-    """Run the method holding its object's ``_rwlock`` exclusive (anything that mutates)."""
+    """Run the method holding its object's ``_rwlock`` exclusive (anything that mutates), and
+    count it in ``writes``."""
 
     @functools.wraps(method)
     def locked(self: L, /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -136,6 +151,7 @@ def exclusive(method: Callable[Concatenate[L, P], R]) -> Callable[Concatenate[L,
         try:
             return method(self, *args, **kwargs)
         finally:
+            lock.writes += 1
             lock.release_exclusive()
 
     return locked
@@ -144,14 +160,15 @@ def exclusive(method: Callable[Concatenate[L, P], R]) -> Callable[Concatenate[L,
 def reading(method: Callable[Concatenate[T, P], R]) -> Callable[Concatenate[T, P], R]:
     """Run a read shared, unless its object says a read would mutate it now
     (``_reads_mutate()``, asked under the shared lock, so no writer changes the answer): then
-    exclusive. A thread that holds the lock exclusive already runs it as it holds it."""
+    exclusive. A thread that holds the lock already runs it as it holds it (nested in a
+    reader, nothing that would mutate can have started since that reader asked)."""
 
     @functools.wraps(method)
     def locked(self: T, /, *args: P.args, **kwargs: P.kwargs) -> R:
         lock = self._rwlock
-        lock.acquire_shared()
+        nested = lock.acquire_shared()
         try:
-            if lock.held_exclusive() or not self._reads_mutate():
+            if nested or not self._reads_mutate():
                 return method(self, *args, **kwargs)
         finally:
             lock.release_shared()

@@ -7,6 +7,7 @@ only on disk), the ``items`` scan and the ``stats`` report.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,12 +70,36 @@ def _compact_below(table: Table, min_live: int, threshold: float | None) -> tupl
 
 def items(table: Table, chunk_rows: int) -> Iterator[tuple[Int64Array, Float32Array]]:
     """``Table.items`` (see there). A generator: like the method before it, it checks its
-    argument at the first ``next``, not at the call."""
+    argument at the first ``next``, not at the call.
+
+    Each chunk is read holding the database's lock shared, never across a ``yield`` (a
+    generator left unfinished would keep writers out for good); a write to the database
+    between two chunks (``RWLock.writes`` moved) could make the scan miss or repeat rows, so
+    the next chunk raises instead. Writes of this thread's own caller (the lock held
+    exclusive around the scan: checkpoints, exports) are the ones that may interleave."""
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise InvalidArgumentError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
-    table._db._check_open()
-    min_live = table._min_live()
-    for keys, records in table._chain.scan(chunk_rows):
+    lock = table._rwlock
+    own = lock.held_exclusive()
+    with _reading(table):
+        table._db._check_open()
+        min_live = table._min_live()
+        scan = table._chain.scan(chunk_rows)
+        writes = lock.writes
+    while True:
+        with _reading(table):
+            if lock.writes != writes and not own:
+                table._db._check_open()
+                raise InvalidArgumentError(
+                    f"table {table.name!r} changed while items() was iterating it (another "
+                    "thread wrote to the database between two chunks); iterate again, or "
+                    "hold the writes until the scan ends"
+                )
+            chunk = next(scan, None)
+            writes = lock.writes
+        if chunk is None:
+            return
+        keys, records = chunk
         live = records.last_step >= min_live
         if live.any():
             yield keys[live], records.values[live]
@@ -91,7 +116,7 @@ def stats(table: Table) -> dict[str, Any]:
         "version": table._version,
         "pushes": table._pushes,
         "tiers": table._chain.stats(),
-        "scratch_bytes": int(table._dedup.nbytes + table._out_rows.nbytes),
+        "scratch_bytes": int(table._dedup.nbytes + sum(b.nbytes for b in list(table._out_rows))),
         "admission": {
             "policy": policy.kind,
             "min_count": policy.min_count,
@@ -103,3 +128,22 @@ def stats(table: Table) -> dict[str, Any]:
         "frozen_gradients": table._counters["frozen_gradients"],
         "changelog": table._changes.stats(),
     }
+
+
+@contextmanager
+def _reading(table: Table) -> Iterator[None]:
+    """The database's lock, as ``evdb.locking.reading`` takes it, around one chunk of a scan."""
+    lock = table._rwlock
+    nested = lock.acquire_shared()
+    alone = False
+    try:
+        if not nested and table._reads_mutate():
+            lock.release_shared()
+            lock.acquire_exclusive()
+            alone = True
+        yield
+    finally:
+        if alone:
+            lock.release_exclusive()
+        else:
+            lock.release_shared()

@@ -19,7 +19,7 @@ from evdb.records import FIELDS, RecordBatch
 if TYPE_CHECKING:
     from evdb.table import Table
 
-__all__ = ["contains", "lookup", "read_records"]
+__all__ = ["contains", "lookup", "promote", "read_records"]
 
 
 def lookup(
@@ -32,8 +32,11 @@ def lookup(
     out: Float32Array | None,
     promote: bool,
     found: BoolArray | None,
+    later: list[Int64Array] | None = None,
 ) -> Float32Array:
-    """``Table.lookup`` (see there)."""
+    """``Table.lookup`` (see there). It changes nothing unless ``promote`` (the caller holds
+    the database alone then): readers share it. ``later``, if given, collects the keys of the
+    rows read from disk, for ``promote`` to cache once the caller may write."""
     k = table._keys(keys)
     n = k.shape[0]
     plain = offsets is None and weights is None and combiner is None and max_norm is None
@@ -53,7 +56,7 @@ def lookup(
     if bags is not None and table._chain.has_rows_below and (table._dram.locate(k) < 0).any():
         # Some rows may be on disk: read them all, then combine (the fused kernel reads
         # the DRAM tier only).
-        values = table.lookup(k, promote=promote, found=found)
+        values = lookup(table, k, None, None, None, None, None, promote, found, later)
         cpu.gather_combine(
             values,
             np.arange(n, dtype=np.int64),
@@ -85,21 +88,26 @@ def lookup(
         if found is not None:
             found[:] = table.contains(k)
         return out
-    if table._out_rows.shape[0] < n:
-        table._out_rows = np.empty(n, dtype=np.int64)
-    rows = table._out_rows[:n]
-    missing = table._dram.probe_gather(k, table._min_live(), out, rows)
-    table._chain.count_cache_reads(n - missing, missing)
+    try:  # a probe buffer of this table's that no other lookup is using (list.pop is atomic)
+        rows = table._out_rows.pop()
+    except IndexError:
+        rows = np.empty(0, dtype=np.int64)
+    if rows.shape[0] < n:
+        rows = np.empty(n, dtype=np.int64)
+    missing = table._dram.probe_gather(k, table._min_live(), out, rows[:n])
+    with table._below:
+        table._chain.count_cache_reads(n - missing, missing)
     if found is not None:
-        np.greater_equal(rows, 0, out=found)
+        np.greater_equal(rows[:n], 0, out=found)
     if missing:
-        miss = rows < 0
+        miss = rows[:n] < 0
         if table._chain.has_rows_below:
-            out[miss], have = _read_below(table, k[miss], promote)
+            out[miss], have = _read_below(table, k[miss], promote, later)
             if found is not None:
                 found[miss] = have
         else:
             out[miss] = table.defaults(k[miss])
+    table._out_rows.append(rows)
     return out
 
 
@@ -110,13 +118,16 @@ def _default_params(table: Table) -> tuple[int, int, float, float]:
     return 0, 0, float(dv), 0.0
 
 
-def _read_below(table: Table, keys: Int64Array, promote: bool) -> tuple[Float32Array, BoolArray]:
+def _read_below(
+    table: Table, keys: Int64Array, promote: bool, later: list[Int64Array] | None
+) -> tuple[Float32Array, BoolArray]:
     """Values of keys the DRAM tier lacks: their rows below where live, else defaults,
-    and which keys had a live row; with ``promote``, the rows found are cached (clean)."""
+    and which keys had a live row; with ``promote``, the rows found are cached (clean);
+    with ``later``, their keys are added to it."""
     uniq, inverse = np.unique(keys, return_inverse=True)
     values = np.empty((uniq.shape[0], table.dim), dtype=np.float32)
     have = np.zeros(uniq.shape[0], dtype=bool)
-    found, records = table._chain.fetch(uniq)
+    found, records = _fetch(table, uniq)
     if records is not None and len(records):
         live = records.last_step >= table._min_live()
         at = np.flatnonzero(found)[live]
@@ -125,10 +136,38 @@ def _read_below(table: Table, keys: Int64Array, promote: bool) -> tuple[Float32A
         if promote and at.size:  # not victims of their own promotion
             rows = table._chain.promote(uniq[at], records.take(live), dirty=False)
             table._chain.evict(table._db.step, table._min_live(), protect=rows)
+        elif later is not None and at.size:
+            later.append(uniq[at])
     if not have.all():  # defaults only where no row was found (they cost a hash each)
         values[~have] = table.defaults(uniq[~have])
     inverse = inverse.ravel()
     return values[inverse], have[inverse]
+
+
+def promote(table: Table, keys: Int64Array) -> None:
+    """Cache (clean) the live rows below of keys the DRAM tier still lacks: what a shared
+    lookup read from disk, promoted by its caller once it holds the database alone (read
+    again: a writer may have changed them in between). A cache fill: a closed database
+    skips it."""
+    if table._db._closed or not table._chain.has_rows_below:
+        return
+    uniq = np.unique(keys)
+    uniq = uniq[table._dram.locate(uniq) < 0]
+    found, records = _fetch(table, uniq)
+    if records is None or len(records) == 0:
+        return
+    live = records.last_step >= table._min_live()
+    at = np.flatnonzero(found)[live]
+    if at.size:
+        rows = table._chain.promote(uniq[at], records.take(live), dirty=False)
+        table._chain.evict(table._db.step, table._min_live(), protect=rows)
+
+
+def _fetch(table: Table, keys: Int64Array) -> tuple[BoolArray, RecordBatch | None]:
+    """``TierChain.fetch`` for a reader: readers sharing the database take turns below (the
+    disk tier's read-ahead and counters are not safe to share)."""
+    with table._below:
+        return table._chain.fetch(keys)
 
 
 def contains(table: Table, keys: Any) -> BoolArray:
@@ -139,7 +178,7 @@ def contains(table: Table, keys: Any) -> BoolArray:
     live[table._expired(rows)] = False
     uncached = np.flatnonzero(rows < 0)
     if uncached.size and table._chain.has_rows_below:
-        found, records = table._chain.fetch(k[uncached])
+        found, records = _fetch(table, k[uncached])
         if records is not None:
             live[uncached[found]] = records.last_step >= table._min_live()
     return live
@@ -154,7 +193,7 @@ def read_records(table: Table, keys: Any) -> tuple[BoolArray, RecordBatch]:
     found = rows >= 0
     parts = [(np.flatnonzero(found), table._dram.read(rows[found]))]
     if uncached.size and table._chain.has_rows_below:
-        hit, records = table._chain.fetch(k[uncached])
+        hit, records = _fetch(table, k[uncached])
         if records is not None:
             live = records.last_step >= table._min_live()
             at = uncached[hit][live]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from evdb.errors import CapacityError, InvalidArgumentError
 from evdb.kernels import cpu
 from evdb.kernels.cpu.stamp import stamp_gather_pulled, stamp_pushed
 from evdb.keys import normalize_keys
+from evdb.locking import exclusive, reading
 from evdb.pulled import Pulled
 from evdb.records import FREQ_MAX, FROZEN, RecordBatch
 from evdb.strings import StringKeeper
@@ -49,6 +51,10 @@ _DEDUP_FIRST = 8192  # pulls of up to this many keys deduplicate before probing 
 
 class Table:
     """A dynamic embedding table: one row per admitted key, no vocabulary size.
+
+    Safe to share between threads (see ``evdb.locking``): reads (``lookup``, ``contains``,
+    ``len``, ``items``, ``stats``, ``neighbors``, ``strings``) run at once; writes (``pull``,
+    ``push``, ``upsert``, ``delete``, ``compact``, ``prefetch``) run one at a time, alone.
 
     Create tables with :meth:`evdb.Database.create_table`; don't construct them directly.
 
@@ -71,6 +77,10 @@ class Table:
         strings: RocksStrings | None = None,
     ) -> None:
         self._db = db
+        self._rwlock = db._rwlock  # the database's: reads share it, writes hold it alone
+        # Reads of the tier below by concurrent readers take turns (the disk tier's read-ahead
+        # and counters are not shared-safe); reads of the top tier do not wait for it.
+        self._below = threading.Lock()
         self.name = name
         self.config = config
         self.dim = config.dim
@@ -104,7 +114,8 @@ class Table:
             "dropped_gradients": 0,
             "frozen_gradients": 0,
         }
-        self._out_rows = np.empty(0, dtype=np.int64)  # reused probe buffer (first touch is slow)
+        # reused probe buffers (first touch is slow), one per lookup in flight
+        self._out_rows: list[Int64Array] = []
         self._dedup = Deduper()
         # The keys changed since the last publication (evdb.publish); empty until one starts it.
         self._changes = ChangeLog()
@@ -118,6 +129,7 @@ class Table:
             self._strings.remember(k, keys)
         return k
 
+    @reading
     def strings(self, keys: Any) -> list[str | None]:
         """The original string of each key (None where unknown), for a table created with
         ``keep_strings=True``."""
@@ -129,6 +141,18 @@ class Table:
         self._db._check_open()
         k = normalize_keys(keys, self.config.key_type, arg="keys")
         return self._strings.get(k)
+
+    def _reads_mutate(self) -> bool:
+        """Whether a read would change the table's memory now, so must run alone (see
+        ``evdb.locking.reading``): the DRAM index finishes a move into a bigger slot table
+        on the probes that meet it (``HashIndex.find``, ``slots``); the counts of the rows
+        below merge expired steps when the live floor rose (``StepCounts.live``). Both end
+        with the first read that does it. An HBM tier's reads go through the DRAM chain
+        below it, whose index may be moving too: they always run alone."""
+        if self.config.hbm is not None or self._dram.index._old is not None:
+            return True
+        below = self._chain.below_steps
+        return below.track_steps and self._min_live() > below.floor
 
     def _min_live(self) -> int:
         return scoring.min_live_step(self._db.step, self.config.ttl_steps)
@@ -203,6 +227,7 @@ class Table:
             at = at[live]
         rows[at] = self._chain.promote(uniq[at], records, dirty=True)
 
+    @reading
     def _read_records(self, keys: Any) -> tuple[BoolArray, RecordBatch]:
         """Whole records (slots, freq, last_step, version too) of keys' live rows, from
         whichever tier holds the truth: (found (n,), records of the found keys, in order).
@@ -253,7 +278,35 @@ class Table:
         offsets, (B, dim) float32, one combined vector per bag. One fused kernel probes,
         gathers and combines: no (n, dim) matrix is built for a bag lookup.
         """
-        return reads.lookup(self, keys, offsets, weights, combiner, max_norm, out, promote, found)
+        args = (keys, offsets, weights, combiner, max_norm, out)
+        lock = self._rwlock
+        # Shared; the rows read from disk are promoted afterwards, alone (a promotion changes
+        # the DRAM tier that the other readers probe meanwhile; it reads them again then).
+        later: list[Int64Array] | None = [] if promote else None
+        got = None
+        if lock.acquire_shared():  # nested in this thread's own call: run as it holds it
+            try:
+                return reads.lookup(self, *args, promote and lock.held_exclusive(), found, None)
+            finally:
+                lock.release_shared()
+        try:
+            if not self._reads_mutate():
+                got = reads.lookup(self, *args, False, found, later)
+                if not later:
+                    return got
+        finally:
+            lock.release_shared()
+        lock.acquire_exclusive()
+        try:
+            if got is None:  # a read would mutate the table now: the whole lookup runs alone
+                got = reads.lookup(self, *args, promote, found, None)
+            else:
+                assert later
+                reads.promote(self, np.concatenate(later))
+            lock.writes += promote  # rows moved between tiers: a scan in progress must know
+            return got
+        finally:
+            lock.release_exclusive()
 
     @property
     def learning_rate(self) -> float:
@@ -261,15 +314,18 @@ class Table:
         return float(self._optimizer.lr)
 
     @learning_rate.setter
+    @exclusive
     def learning_rate(self, lr: float) -> None:
         """Change the learning rate of later pushes (LR schedules); the rest of the rule and
         the persisted config stay as created."""
         self._optimizer = dataclasses.replace(self._optimizer, lr=lr)  # validates lr
 
+    @reading
     def contains(self, keys: Any) -> BoolArray:
         """(n,) bool: whether each key has a live row."""
         return reads.contains(self, keys)
 
+    @reading
     def __len__(self) -> int:
         """Live rows: expired rows do not count, even before ``compact()``."""
         self._db._check_open()
@@ -278,10 +334,13 @@ class Table:
     def items(self, chunk_rows: int = 65536) -> Iterator[tuple[Int64Array, Float32Array]]:
         """Iterate ``(keys (m,) int64, values (m, dim) float32)`` chunks over live rows.
 
-        The table must not be changed while the iterator is in use.
+        Each chunk is read under the database's lock (shared), which is not held between
+        chunks; a write to the database by another thread between two chunks makes the next
+        one raise ``InvalidArgumentError`` (the scan could miss or repeat rows): iterate again.
         """
         return maintenance.items(self, chunk_rows)
 
+    @reading
     def neighbors(
         self, query: Any, k: int = 10, metric: str = "cosine", *, as_strings: bool = False
     ) -> tuple[Any, Float32Array]:
@@ -335,6 +394,7 @@ class Table:
         u = cpu.unique_inverse(k, self._dedup.scratch, uniq, inverse, counts)
         return uniq[:u], inverse, counts[:u], self._dram.locate(uniq[:u])
 
+    @exclusive
     def pull(self, keys: Any, *, counts: Any = None) -> Pulled:
         """Training read at ``db.step``: count, admit, create and return the batch's rows.
 
@@ -426,6 +486,7 @@ class Table:
             _frees=self._dram.frees,
         )
 
+    @exclusive
     def prefetch(self, keys: Any) -> None:
         """Start reading from disk, on a background thread, the rows of keys that DRAM does
         not hold, so that the ``pull`` or ``lookup`` of them that follows finds them read.
@@ -437,6 +498,7 @@ class Table:
         """
         self._chain.prefetch(self._keys(keys))  # a no-op while nothing is below DRAM
 
+    @exclusive
     def push(self, pulled: Pulled, grads: Any, *, per_position: bool = False) -> None:
         """Apply the table's optimizer to the pulled rows, in place.
 
@@ -515,6 +577,7 @@ class Table:
         self._chain.evict(self._db.step, self._min_live())
 
     # -- writes ---------------------------------------------------------------------------
+    @exclusive
     def upsert(self, keys: Any, values: Any, *, freeze: bool | None = None) -> None:
         """Set rows' values, creating rows as needed (admission is bypassed).
 
@@ -526,10 +589,12 @@ class Table:
         """
         writes.upsert(self, keys, values, freeze)
 
+    @exclusive
     def delete(self, keys: Any) -> int:
         """Remove keys' rows and pending admission counts; returns how many live rows went."""
         return writes.delete(self, keys)
 
+    @exclusive
     def compact(self) -> dict[str, int]:
         """Reclaim expired rows and rows with L2 norm below ``l2_threshold`` at ``db.step``.
 
@@ -538,16 +603,19 @@ class Table:
         """
         return maintenance.compact(self)
 
+    @reading
     def stats(self) -> dict[str, Any]:
         """Counts that say what the table holds and what its policies did."""
         return maintenance.stats(self)
 
     # -- persistence (see evdb.database; the bodies are in evdb.table_state) ----------------
+    @exclusive
     def _flush(self) -> dict[str, np.ndarray]:
         """Write every dirty row down; returns the table's state that is not rows (counters,
         admission, the step counts of the rows below), for the database's metadata."""
         return table_state.flush(self)
 
+    @reading
     def _checkpoint_info(self) -> dict[str, Any]:
         """What a checkpoint manifest records of the table (after a flush)."""
         return table_state.checkpoint_info(self)

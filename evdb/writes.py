@@ -14,6 +14,7 @@ import numpy as np
 from evdb._types import Int64Array
 from evdb.arrays import float_matrix
 from evdb.errors import CapacityError
+from evdb.locking import exclusive
 from evdb.records import FROZEN, RecordBatch
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ def delete(table: Table, keys: Any) -> int:
     return n_live
 
 
+@exclusive
 def restore_records(table: Table, keys: Int64Array, records: RecordBatch) -> None:
     """Put whole records (values, slots, ``freq``, ``last_step``, ``version``, flags) for
     distinct keys the table holds no row of, as they are: how resharding moves rows between
