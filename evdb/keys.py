@@ -38,6 +38,16 @@ def hash_strings(strings: Sequence[str], *, arg: str = "keys") -> Int64Array:
     return out.view(np.int64)
 
 
+def first_above_int64(arr: np.ndarray) -> int | None:
+    """The index of the first element of a 1-D integer array that int64 cannot hold (an
+    unsigned 64-bit value of 2**63 or more), or None. Keys are never wrapped into int64:
+    2**63 is not -2**63, so ``lookup``, ``upsert`` and the importers all refuse it."""
+    if arr.dtype.kind != "u" or arr.dtype.itemsize < 8:
+        return None
+    big = arr > np.uint64(_I64_MAX)
+    return int(np.argmax(big)) if big.any() else None
+
+
 def _reject(arr: np.ndarray, i: int, arg: str) -> None:
     bad = arr.reshape(-1)[i]
     raise InvalidTypeError(
@@ -65,9 +75,8 @@ def _integer_array(keys: Any, arg: str) -> Int64Array:
     if kind == "i" or (kind == "u" and arr.dtype.itemsize < 8):
         return arr.astype(np.int64)
     if kind == "u":
-        big = arr > np.uint64(_I64_MAX)
-        if big.any():
-            i = int(np.flatnonzero(big)[0])
+        i = first_above_int64(arr)
+        if i is not None:
             raise InvalidArgumentError(f"{arg}[{i}] = {arr[i]} is outside int64")
         return arr.astype(np.int64)
     if arr.size == 0:  # np.asarray([]) is float64

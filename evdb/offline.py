@@ -2,7 +2,8 @@
 
 ``compact`` removes rows by rule (TTL, L2 norm, pull frequency) from every tier and then has
 RocksDB rewrite its files without them; ``info`` summarises a database or checkpoint without
-changing it. The ``evdb`` command line (``evdb compact``, ``evdb info``) calls both.
+changing it; ``import_file`` fills a table of a database (created if missing) from a vector
+file. The ``evdb`` command line (``evdb compact``, ``evdb info``, ``evdb import``) calls them.
 
 Unlike ``Table.compact()``, which a trainer calls on an open table with the table's own TTL and
 L2 threshold, ``compact`` here takes the rules as arguments (each defaulting to the table's
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,11 @@ import numpy as np
 from evdb import database as _database
 from evdb.checkpoint import MANIFEST, read_manifest
 from evdb.errors import InvalidArgumentError
+from evdb.io.importer import IMPORT_FORMATS, import_vectors
 from evdb.records import RecordBatch
 from evdb.table import Table
 
-__all__ = ["RULES", "compact", "info"]
+__all__ = ["RULES", "compact", "import_file", "info"]
 
 RULES = ("ttl", "l2", "min_freq")
 """The removal rules, in the order a row matching several is counted under the first."""
@@ -245,6 +248,78 @@ def info(path: str | os.PathLike[str]) -> dict[str, Any]:
                 "stats": t.stats(),
             }
         return {"path": str(root), "step": db.step, "checkpoint": checkpoint, "tables": tables}
+
+
+def import_file(
+    path: str | os.PathLike[str],
+    table: str,
+    src: str | os.PathLike[str],
+    format: str = "word2vec",
+    *,
+    freeze: bool = False,
+    progress: Progress | None = None,
+    **table_options: Any,
+) -> dict[str, Any]:
+    """``evdb.import_vectors`` into the database at path, which is created if missing.
+
+    A failed import leaves nothing behind: the table it created is dropped (as
+    ``import_vectors`` does), and so is the database directory if this call created it (with
+    the parent directories it created); a directory that existed before is never removed.
+
+    Returns
+    -------
+    dict
+        What ``import_vectors`` returns.
+
+    Raises
+    ------
+    FileNotFoundError
+        src is not a file (checked before anything is created).
+    InvalidArgumentError, CorruptDataError, ConfigError
+        As ``import_vectors``: a bad argument, a malformed file (naming it, and the line,
+        record or array), a table of another dim.
+    """
+    root = _parse_path(path)
+    if not isinstance(src, (str, os.PathLike)):
+        raise InvalidArgumentError(f"src must be a str or os.PathLike, got {src!r}")
+    source = Path(src)
+    if not source.is_file():
+        raise FileNotFoundError(
+            f"src: {source} {'is not a file' if source.exists() else 'does not exist'}"
+        )
+    if format not in IMPORT_FORMATS:
+        raise InvalidArgumentError(f"format must be one of {IMPORT_FORMATS}, got {format!r}")
+    created = _make_dirs(root)
+    try:
+        with _database.open(root) as db:
+            return import_vectors(
+                db, table, source, format, freeze=freeze, progress=progress, **table_options
+            )
+    except BaseException:
+        if created is not None:  # closed first (above), so nothing writes into it any more
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _make_dirs(root: Path) -> Path | None:
+    """Create root and its missing parents; return the topmost directory this call created
+    (None if root existed). Made one at a time with mkdir, which fails on an existing entry,
+    so a directory another process made meanwhile is never taken for ours."""
+    missing = []
+    at = root
+    while not os.path.lexists(at):
+        missing.append(at)
+        at = at.parent
+    created = None
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            if created is not None:  # someone made it below ours: stop claiming anything
+                return None
+            continue
+        created = created or d
+    return created
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -478,15 +478,12 @@ def cmd_import(
     """Import vectors from the file SRC into a table of the database at PATH.
 
     The database is created if missing, the table too (word formats: a str table that keeps
-    its strings).
+    its strings). A failed import leaves nothing behind: no new table, and no database
+    directory it created.
     """
-    if not src.is_file():
-        raise FileNotFoundError(
-            f"src: {src} {'is not a file' if src.exists() else 'does not exist'}"
-        )
-    with _progress("import") as progress, evdb.open(path) as db:
-        result = evdb.import_vectors(
-            db, table, src, format=format_, freeze=freeze, progress=progress
+    with _progress("import") as progress:  # a failed import removes a database it created
+        result = offline.import_file(
+            path, table, src, format=format_, freeze=freeze, progress=progress
         )
     if as_json:
         _print_json(result)

@@ -12,16 +12,20 @@ rows created later train normally.
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from evdb.config import MAX_DIM
 from evdb.errors import ConfigError, CorruptDataError, InvalidArgumentError
-from evdb.io.vectors import FORMATS, read_vectors
+from evdb.io.vectors import _TOKEN_MAX_BYTES, FORMATS, read_vectors
+from evdb.keys import first_above_int64
 
 if TYPE_CHECKING:
     from evdb.database import Database
@@ -29,12 +33,15 @@ if TYPE_CHECKING:
 __all__ = ["IMPORT_FORMATS", "import_vectors"]
 
 IMPORT_FORMATS = (*FORMATS, "npz")
-Progress = Callable[[int, int], None]
+Progress = Callable[[int, int], object]
+_CHUNK_BYTES = 64 << 20  # most bytes of one npz array read at once
 
 
 def _npy_member(zf: zipfile.ZipFile, name: str, src: Path) -> tuple[Any, tuple[int, ...], np.dtype]:
     """An open .npy member of an npz, positioned at its data, with its shape and dtype (numpy
-    itself loads a member whole: an npz cannot be memory-mapped)."""
+    itself loads a member whole: an npz cannot be memory-mapped). Its header is checked
+    against the member's size, so a header declaring more rows than the member holds fails
+    here, before any row is read."""
     try:
         f = zf.open(f"{name}.npy")
         version = np.lib.format.read_magic(f)
@@ -45,16 +52,42 @@ def _npy_member(zf: zipfile.ZipFile, name: str, src: Path) -> tuple[Any, tuple[i
         if read is None:
             raise ValueError(f".npy format version {version} is not supported")
         shape, fortran, dtype = read(f)
-    except (KeyError, ValueError, OSError) as e:
+        data_bytes = zf.getinfo(f"{name}.npy").file_size - f.tell()
+    except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise CorruptDataError(f"{src}: not an npz with a readable {name!r} array ({e})") from e
-    if fortran or dtype.hasobject:
-        raise CorruptDataError(f"{src}: {name!r} must be a C-ordered numeric array")
+    if fortran or dtype.hasobject or dtype.itemsize == 0:
+        raise CorruptDataError(
+            f"{src}: {name!r} must be a C-ordered array of numbers or strings, not {dtype.str}"
+        )
+    if name == "keys" and dtype.kind == "U" and dtype.itemsize > _TOKEN_MAX_BYTES:
+        raise CorruptDataError(
+            f"{src}: keys dtype {dtype.str} holds strings of {dtype.itemsize // 4:,} characters; "
+            f"keys are at most {_TOKEN_MAX_BYTES // 4:,} characters (64 KiB)"
+        )
+    declared = math.prod(shape) * dtype.itemsize
+    if data_bytes != declared:
+        rows = shape[0] if shape else 1
+        raise CorruptDataError(
+            f"{src}: array {name!r}: its header declares {rows:,} rows of shape {shape} and "
+            f"dtype {dtype.str} ({declared:,} bytes), the file holds {data_bytes:,} bytes"
+        )
     return f, shape, dtype
+
+
+def _read_exactly(f: Any, n_bytes: int, src: Path, name: str, start: int) -> bytes:
+    """n_bytes of a member, or ``CorruptDataError`` naming the file, the array and the row."""
+    try:
+        data: bytes = f.read(n_bytes)
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # damaged, bad CRC
+        raise CorruptDataError(f"{src}: array {name!r} cannot be read at row {start} ({e})") from e
+    if len(data) != n_bytes:
+        raise CorruptDataError(f"{src}: array {name!r} ends early, at row {start}")
+    return data
 
 
 def _npz_chunks(src: Path, chunk_rows: int) -> tuple[int, Iterator[tuple[Any, np.ndarray]]]:
     """dim and (keys, values) chunks of an npz holding ``keys`` (n,) and ``values`` (n, dim),
-    read a chunk at a time."""
+    read a chunk at a time (at most ``_CHUNK_BYTES`` of each array, whatever the dtypes)."""
     try:
         zf = zipfile.ZipFile(src)
     except (OSError, zipfile.BadZipFile) as e:
@@ -68,19 +101,39 @@ def _npz_chunks(src: Path, chunk_rows: int) -> tuple[int, Iterator[tuple[Any, np
     if vdtype.kind != "f":
         raise CorruptDataError(f"{src}: values must be floats, not {vdtype}")
     n, dim = vshape
+    if not 1 <= dim <= MAX_DIM:
+        raise CorruptDataError(f"{src}: values have dim {dim}; a table's dim is in [1, {MAX_DIM}]")
+    row_bytes = max(kdtype.itemsize, dim * vdtype.itemsize)
+    rows_per_read = max(1, min(chunk_rows, _CHUNK_BYTES // row_bytes))
 
     def chunks() -> Iterator[tuple[Any, np.ndarray]]:
         with zf, kf, vf:
-            for start in range(0, n, chunk_rows):
-                m = min(chunk_rows, n - start)
-                k = np.frombuffer(kf.read(m * kdtype.itemsize), dtype=kdtype)
-                v = np.frombuffer(vf.read(m * dim * vdtype.itemsize), dtype=vdtype)
-                v = v.reshape(m, dim).astype(np.float32)
+            for start in range(0, n, rows_per_read):
+                m = min(rows_per_read, n - start)
+                k = np.frombuffer(
+                    _read_exactly(kf, m * kdtype.itemsize, src, "keys", start), kdtype
+                )
+                v = np.frombuffer(
+                    _read_exactly(vf, m * dim * vdtype.itemsize, src, "values", start), vdtype
+                )
+                with np.errstate(over="ignore"):  # float64 beyond float32: inf, refused below
+                    v = v.reshape(m, dim).astype(np.float32)
                 bad = ~np.isfinite(v)
                 if bad.any():
                     i, j = np.argwhere(bad)[0]
-                    raise CorruptDataError(f"{src}: values[{start + i}, {j}] is not finite")
-                yield (k.tolist() if kdtype.kind == "U" else k.astype(np.int64)), v
+                    raise CorruptDataError(
+                        f"{src}: values[{start + i}, {j}] is not a finite float32"
+                    )
+                if kdtype.kind == "U":
+                    yield k.tolist(), v
+                    continue
+                big = first_above_int64(k)
+                if big is not None:
+                    raise InvalidArgumentError(
+                        f"{src}: keys[{start + big}] = {k[big]} is outside int64 (evdb keys are "
+                        "int64, as in every lookup; map larger unsigned ids into int64 first)"
+                    )
+                yield k.astype(np.int64), v
 
     return int(dim), chunks()
 

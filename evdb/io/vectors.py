@@ -23,7 +23,9 @@ value); on glove.6B.50d, ``np.loadtxt``, ``map(float)`` and ``np.array(list_of_s
 split text were 8-35% slower than ``np.fromstring`` on the undecoded bytes.
 
 Headers are read, never trusted: a header claiming 10**12 rows allocates nothing, and a file is
-read to its end whether it holds more or fewer rows than declared. Duplicate tokens are yielded
+read to its end whether it holds more or fewer rows than declared. Tokens are capped at 64 KiB
+in every format, and a text line is read at most 64 KiB + 64 bytes a value at a time, so a
+damaged file (one line of 200 MB) costs no more memory than a good one. Duplicate tokens are yielded
 as they come; the caller decides. Anything malformed raises ``CorruptDataError`` naming the file,
 the line (or record) and what is wrong.
 """
@@ -31,6 +33,7 @@ the line (or record) and what is wrong.
 from __future__ import annotations
 
 import codecs
+import functools
 import itertools
 import os
 import warnings
@@ -56,6 +59,10 @@ _LINE1_MAX_BYTES = 16 << 20  # GloVe's line 1 gives the dim; longer than this is
 # word2vec's C tool caps tokens at 100 bytes; a record with no space this far in is damaged,
 # and the bound keeps the binary reader's buffer small on such a file.
 _TOKEN_MAX_BYTES = 1 << 16
+# A text line holds a token and dim values: a value's text beyond this is not a float32 (its
+# shortest exact form takes 15 bytes), and the bound keeps the text reader's lines small.
+_VALUE_MAX_BYTES = 64
+_TEXT_BATCH_BYTES = 4 << 20
 _BINARY_BLOCK_BYTES = 1 << 20
 _WHITESPACE = " \t\n\r\x0b\x0c"  # what bytes.split() splits on: ends a word2vec token
 _ODD_SEPARATORS = (b"\t", b"\r", b"\x0b", b"\x0c")  # whitespace other than " "
@@ -369,13 +376,44 @@ def _read_text(
     encoding: str,
 ) -> Iterator[VectorChunk]:
     glove = format == "glove"
+    max_line = _TOKEN_MAX_BYTES + dim * _VALUE_MAX_BYTES + 2  # + "\r\n"
     with open(path, "rb", buffering=_FILE_BUFFER_BYTES) as f:
         f.seek(offset)
-        while lines := list(itertools.islice(f, chunk_rows)):
+        # readline with a limit, not iteration over f, which reads a line whole however long
+        # (a 200 MB "token" took 1.2 GB): a longer line is refused after max_line bytes.
+        # Lines are taken in batches of at most _TEXT_BATCH_BYTES, each checked before the
+        # next is read: a long line, cut into pieces, is refused at its first piece.
+        bounded = iter(functools.partial(f.readline, max_line + 1), b"")
+        batch = max(1, _TEXT_BATCH_BYTES // max_line)
+        while True:
+            lines: list[bytes] = []
+            while len(lines) < chunk_rows:
+                more = list(itertools.islice(bounded, min(batch, chunk_rows - len(lines))))
+                if not more:
+                    break
+                if max(map(len, more)) > max_line:
+                    _refuse_long_line(more, name, line_no + len(lines), max_line)
+                lines += more
+            if not lines:
+                return
             chunk = _parse_text_chunk(lines, name, line_no, dim, glove, encoding)
             line_no += len(lines)
             if chunk.tokens:
                 yield chunk
+
+
+def _refuse_long_line(lines: list[bytes], name: str, line_no: int, max_line: int) -> None:
+    """Raise naming the first of lines cut at max_line + 1 bytes (a longer line), if any."""
+    for i, line in enumerate(lines):
+        if len(line) > max_line and not line.endswith(b"\n"):
+            if b" " not in line[: _TOKEN_MAX_BYTES + 1]:
+                what = f"its token is longer than {_TOKEN_MAX_BYTES:,} bytes (64 KiB, the cap)"
+            else:
+                what = (
+                    f"longer than {max_line:,} bytes (a token of at most 64 KiB and values of "
+                    f"at most {_VALUE_MAX_BYTES} bytes each)"
+                )
+            raise CorruptDataError(f"{name} line {line_no + i}: {what}")
 
 
 def _parse_text_chunk(
@@ -409,7 +447,13 @@ def _parse_text_chunk(
     if values is not None and values.size < m * dim and not odd.all():
         ok = _resplit(lines, tokens, rests, range(m), dim, glove)
         values = _parse_floats(b" ".join(rests)) if ok else None
-    if values is None or values.size != m * dim or b"" in tokens or not np.isfinite(values).all():
+    if (
+        values is None
+        or values.size != m * dim
+        or b"" in tokens
+        or max(map(len, tokens)) > _TOKEN_MAX_BYTES
+        or not np.isfinite(values).all()
+    ):
         _raise_first_problem(lines, line_nos, name, dim, glove, encoding)
     decoded = _decode_tokens(tokens, encoding)
     if decoded is None:
@@ -471,6 +515,8 @@ def _line_problem(line: bytes, dim: int, glove: bool, encoding: str) -> str | No
     token, fields = _split_line(line, dim, glove)
     if not token:
         return "empty token (the line starts with a space)"
+    if len(token) > _TOKEN_MAX_BYTES:
+        return f"its token is longer than {_TOKEN_MAX_BYTES:,} bytes (64 KiB, the cap)"
     try:
         token.decode(encoding)
     except UnicodeDecodeError as e:
