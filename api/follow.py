@@ -27,11 +27,13 @@ overlay shared and mutated in place (needs a lock on every lookup).
 
 Pending publications are merged and swapped in at once: a follower 50 deltas behind applies
 them in one swap (two when a newer full is among them: it loads that full and the deltas
-after it, still one swap). A publication that fails a check is never applied, nor anything
-after it: the follower keeps serving its last good view (or the good prefix of the pending
-deltas), counts the failure by reason, and retries on the next poll. Versions never go back:
-the served seq only rises (``X-Evdb-Version`` on every lookup and infer answer, and the KServe
-model version), except by an explicit admin reload (logged and counted).
+after it, still one swap). A publication that fails a check, or cannot be read or held in
+memory, is never applied, nor anything after it: the follower keeps serving its last good
+view (or the good prefix of the pending deltas), counts the failure by reason, and retries on
+the next poll. It logs the failure as one line naming the cause and the file, once, then at
+most every ``REPEAT_LOG_S`` while it repeats (a follower polls every second). Versions never
+go back: the served seq only rises (``X-Evdb-Version`` on every lookup and infer answer, and
+the KServe model version), except by an explicit admin reload (logged and counted).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import random
 import sys
 import threading
 import time
+import zipfile
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -76,6 +79,13 @@ log = logging.getLogger("evdb.api.follow")
 
 APPLY_SWITCH_S = 0.0001  # the GIL switch interval while applying (see Follower.poll)
 _RECENT_ROWS = 65536  # the recent layer folds into the older past this (or an eighth of it)
+REPEAT_LOG_S = 300.0  # a failure that repeats poll after poll is logged again after this
+_FAILURES_KEPT = 256  # distinct failures remembered for REPEAT_LOG_S (oldest forgotten first)
+
+# What reading or applying a publication can raise when a file is damaged, cannot be read, or
+# is too big for this server: counted and logged as one line, never a traceback. Anything
+# else is a bug (logged with its traceback, counted as "error").
+EXPECTED = (EvdbError, OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, MemoryError)
 
 __all__ = ["FollowSnapshot", "Follower", "Overlay", "install"]
 
@@ -308,12 +318,32 @@ class Follower:
         self._overlays: dict[str, tuple[Overlay, Overlay]] = {}  # (older, recent) per table
         self._link: tuple[int, str] | None = None  # (applied seq, its manifest's xxh3-128)
         self._step = 0
+        self._reading: int | None = None  # the seq being checked or read (its failure's)
+        self.log = FailureLog(log)
 
-    def _fail(self, reason: str, seq: int | None, detail: str = "") -> None:
+    def _fail(self, seq: int | None, reason: str, detail: str) -> None:
+        """Count a refused publication; log it (one line) unless it is a repeat."""
         self.state.failures[reason] += 1
         if self._on_failure is not None:
             self._on_failure(reason)
-        log.warning("publication %s of %s refused (%s) %s", seq, self.root, reason, detail)
+        self.log.warning(
+            (reason, seq, detail),
+            "publication %s of %s refused (%s): %s; serving seq %s",
+            seq,
+            self.root,
+            reason,
+            detail,
+            self.state.applied_seq,
+        )
+
+    def _refuse(self, seq: int, why: str) -> None:
+        """Count and log publication seq, which ``check_publication`` refused for ``why``."""
+        path = _publish.publication_dir(self.root, seq)
+        if why == "gap":
+            detail = f"{path}: missing, or not the child of the publication before it"
+            self._fail(seq, why, detail)
+        else:
+            self._fail(seq, *_diagnose(path, why))
 
     def poll(self, upto: int | None = None) -> bool:
         """Read HEAD and apply every newer publication that checks out, in one swap (with
@@ -325,7 +355,7 @@ class Follower:
             try:
                 head = _publish.read_head(self.root)
             except CorruptDataError as e:
-                self._fail("head", None, str(e))
+                self._fail(None, *cause(e, "head"))
                 return False
             if head is None:
                 return False
@@ -346,12 +376,17 @@ class Follower:
             switch = sys.getswitchinterval()
             sys.setswitchinterval(min(switch, APPLY_SWITCH_S))
             try:
-                return self._catch_up(head, start)
-            except (EvdbError, OSError, ValueError, KeyError) as e:  # a damaged file read
-                self._fail("read", self.state.head_seq, repr(e))
+                applied = self._catch_up(head, start)
+            except EXPECTED as e:  # a damaged or unreadable file, a delta too big for memory
+                seq = self._reading
+                where = None if seq is None else _publish.publication_dir(self.root, seq)
+                self._fail(seq, *cause(e, "read", where))
                 return False
             finally:
                 sys.setswitchinterval(switch)
+            if applied:  # what failed at the seqs now served cannot fail again
+                self.log.forget_through(self.state.applied_seq)
+            return applied
 
     def _catch_up(self, head: dict[str, Any], start: float) -> bool:
         opened: list[_Base] = []
@@ -367,10 +402,11 @@ class Follower:
         base, overlays, link = self._base, self._overlays, self._link
         step, published = self._step, self.state.published
         new_base = None
+        self._reading = full_seq
         if base is None or base.seq != full_seq:
             manifest, why = _publish.check_publication(self.root, full_seq, None)
             if manifest is None or why is not None:
-                self._fail(why or "manifest", full_seq)
+                self._refuse(full_seq, why or "manifest")
                 return False
             path = _publish.publication_dir(self.root, full_seq)
             # checked just above: the read-only open skips the checksum pass
@@ -395,11 +431,17 @@ class Follower:
             seq = link[0]
         pending: dict[str, list[_publish.Delta]] = {name: [] for name in overlays}
         for s in range(seq + 1, head_seq + 1):
+            self._reading = s
             manifest, why = _publish.check_publication(self.root, s, link)
             if manifest is None or why is not None:
-                self._fail(why or "manifest", s)
+                self._refuse(s, why or "manifest")
                 break  # never s + 1 without s: serve what checked out so far
-            for name, delta in _publish.load_delta(self.root, s, manifest).items():
+            try:
+                deltas = _publish.load_delta(self.root, s, manifest)
+            except EXPECTED as e:  # checked, but unreadable or too big: refused the same way
+                self._fail(s, *cause(e, "read", _publish.publication_dir(self.root, s)))
+                break
+            for name, delta in deltas.items():
                 if name in pending:
                     pending[name].append(delta)
             link = (s, _manifest_digest(self.root, s))
@@ -480,6 +522,75 @@ def _manifest_digest(root: Path, seq: int) -> str:
     return _checkpoint.file_digest(_publish.publication_dir(root, seq) / _checkpoint.MANIFEST)
 
 
+def cause(error: BaseException, reason: str, where: Path | None = None) -> tuple[str, str]:
+    """(reason, detail) of an error met reading or applying a publication (at ``where``), for
+    the metrics and the one log line: a file that cannot be opened is "unreadable"
+    (permission denied is not damage, whatever ``reason`` the step that met it says), no
+    memory for a delta is "memory", another I/O error "read"; the detail names the file (the
+    error's, else ``where``)."""
+    for e in (error, error.__cause__):  # evdb wraps what it cannot read in CorruptDataError
+        if isinstance(e, PermissionError):
+            return "unreadable", f"{e.filename or where}: permission denied"
+    if isinstance(error, MemoryError):
+        reason, detail = "memory", f"not enough memory to apply it ({error})"
+    elif isinstance(error, OSError) and not isinstance(error, EvdbError) and error.filename:
+        return "read", f"{error.filename}: {error.strerror or error}"
+    else:
+        detail = str(error) or type(error).__name__
+    if where is not None and str(where) not in detail:
+        detail = f"{where}: {detail}"
+    return reason, detail
+
+
+def _diagnose(path: Path, why: str) -> tuple[str, str]:
+    """The cause of ``check_publication``'s "checksum" or "manifest" verdict on the
+    publication at path: it gives no more than the word, and says "checksum" for a file it
+    cannot open too. The check is made again to name the file and tell which (a refused
+    publication is read twice; ``check_publication`` returning its error would spare that)."""
+    try:
+        _checkpoint.verify(path)
+    except EXPECTED as e:
+        return cause(e, why, path)
+    return why, f"{path}: refused, then passed when checked again (it changed meanwhile)"
+
+
+Failure = tuple[str, int | None, str]  # reason, seq, detail
+
+
+class FailureLog:
+    """Logs a failure once, as one line, and again only after ``REPEAT_LOG_S`` while it
+    repeats (saying how often it did), so a follower that meets the same failure at every
+    poll does not bury the log."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._seen: dict[Failure, tuple[float, int]] = {}  # -> (logged at, repeats since)
+        self._lock = threading.Lock()
+
+    def warning(self, key: Failure, msg: str, *args: Any, exc_info: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last[0] < REPEAT_LOG_S:
+                self._seen[key] = (last[0], last[1] + 1)
+                return
+            self._seen.pop(key, None)
+            if len(self._seen) >= _FAILURES_KEPT:
+                del self._seen[next(iter(self._seen))]
+            self._seen[key] = (now, 0)
+        if last is not None:
+            msg += " (%d more times in the last %.0f s)"
+            args = (*args, last[1] + 1, now - last[0])
+        self.logger.warning(msg, *args, exc_info=exc_info)
+
+    def forget_through(self, seq: int | None) -> None:
+        """Forget the failures of publications up to seq (served now) and of no publication
+        (HEAD): met again later, they are news."""
+        with self._lock:
+            for key in [k for k in self._seen if k[1] is None or seq is None or k[1] <= seq]:
+                del self._seen[key]
+
+
 def _parse_seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise InvalidArgumentError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -540,7 +651,7 @@ def install(app: FastAPI, settings: Settings, holder: SnapshotHolder) -> Followe
     failures = PromCounter(
         "evdb_delta_failures",
         "Publications refused (never applied), by reason: manifest, checksum, gap, head, read, "
-        "error.",
+        "unreadable (permission denied), memory (a delta too big to apply), error.",
         ["reason"],
         registry=metrics.registry,
     )
@@ -560,10 +671,15 @@ def install(app: FastAPI, settings: Settings, holder: SnapshotHolder) -> Followe
             await asyncio.sleep(interval * rng.uniform(0.8, 1.2))
             try:
                 await run_in_threadpool(follower.poll)
-            except Exception:  # a bug must not end the following: counted, logged, retried
+            except Exception as e:  # a bug must not end the following: counted, logged, retried
                 follower.state.failures["error"] += 1
                 failures.labels("error").inc()
-                log.exception("polling %s failed; retrying on the next poll", follower.root)
+                follower.log.warning(
+                    ("error", None, f"{type(e).__name__}: {e}"),
+                    "polling %s failed; retrying on the next poll",
+                    follower.root,
+                    exc_info=True,
+                )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[Any]:

@@ -5,11 +5,18 @@ Loopback only; every wait is bounded in count and in time.
 
 from __future__ import annotations
 
+import errno
+import io
+import json
+import logging
+import os
 import shutil
 import subprocess
 import threading
 import time
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -17,13 +24,15 @@ import pytest
 from click.testing import CliRunner
 
 import evdb
+from evdb import checkpoint as _checkpoint
 from evdb import publish as _publish
+from evdb.errors import CorruptDataError
 
 pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient
 
-from evdb.api import Settings, create_app
+from evdb.api import Settings, create_app, follow
 from evdb.api.follow import Follower, FollowSnapshot
 from evdb.api.snapshots import VERSION_HEADER, SnapshotHolder
 
@@ -514,3 +523,210 @@ def test_cli_serve_hands_its_options_to_the_workers(
     r = CliRunner().invoke(cli, ["serve", str(tmp_path / "db")])
     assert r.exit_code == 0, r.output
     assert seen["settings"].mmap_reads is False  # type: ignore[attr-defined]
+
+
+# -- failures a follower expects: logged once as one line, counted, the last view served ----
+
+
+def _claim_huge_values(pub: Path, table: str = "item") -> None:
+    """Rewrite a delta's ``values`` to declare 2**59 rows (its data unchanged) and its
+    manifest to match: a delta that checks out but that no server can allocate."""
+    npz = pub / f"{table}.npz"
+    with np.load(npz) as z:
+        arrays = {k: z[k] for k in z.files}
+    with zipfile.ZipFile(npz, "w") as out:
+        for name, a in arrays.items():
+            buf = io.BytesIO()
+            np.save(buf, a)
+            raw = buf.getvalue()
+            if name == "values":
+                declared = f"'shape': {a.shape}".encode()
+                raw = raw.replace(declared, f"'shape': ({2**59}, {a.shape[1]})".encode())
+            out.writestr(f"{name}.npy", raw)
+    manifest = json.loads((pub / _checkpoint.MANIFEST).read_text())
+    entry = {"size": npz.stat().st_size, "xxh3_128": _checkpoint.file_digest(npz)}
+    manifest["files"][npz.name] = entry
+    (pub / _checkpoint.MANIFEST).write_text(json.dumps(manifest))
+
+
+def _follow_logs(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "evdb.api.follow"]
+
+
+def _published_twice(tmp_path: Path) -> tuple[evdb.Database, Path]:
+    """A database with ``item`` published as seq 1 ([1] = [1, 1]) and seq 2 ([1] = [2, 2])."""
+    root = tmp_path / "pub"
+    db = evdb.open(tmp_path / "db")
+    t = db.create_table("item", dim=2)
+    t.upsert([1], [[1.0, 1.0]])
+    db.publish(root)
+    t.upsert([1], [[2.0, 2.0]])
+    db.publish(root)
+    return db, root
+
+
+def test_a_delta_too_big_to_allocate_is_one_log_line_counted_while_seq_1_is_served(
+    tmp_path: Path, caplog
+) -> None:
+    """A delta the server cannot allocate raised MemoryError out of poll: a traceback at
+    every poll (once a second), and a failed start when it was met at the first poll."""
+    db, root = _published_twice(tmp_path)
+    f, holder = follower(root)
+    assert f.poll(upto=1)
+    bad = _publish.publication_dir(root, 2)
+    _claim_huge_values(bad)
+    caplog.set_level(logging.DEBUG, logger="evdb.api.follow")
+    for attempt in (1, 2, 3):
+        assert not f.poll()
+        assert f.state.failures == {"memory": attempt}
+        values, _, seq = served(holder, "item", np.array([1]))
+        assert seq == 1 and values.tolist() == [[1.0, 1.0]]
+    [record] = _follow_logs(caplog)  # once, not per poll
+    assert record.levelno == logging.WARNING and not record.exc_info  # no traceback
+    line = record.getMessage()
+    assert "\n" not in line and "(memory)" in line and "serving seq 1" in line
+    assert str(bad) in line and "Unable to allocate" in line
+    f.close()
+    holder.close()
+    db.close()
+
+
+def test_a_repeated_failure_is_logged_again_after_repeat_log_s_with_its_count(
+    tmp_path: Path, caplog, monkeypatch
+) -> None:
+    db, root = _published_twice(tmp_path)
+    f, holder = follower(root)
+    assert f.poll(upto=1)
+    _flip_byte(_publish.publication_dir(root, 2) / "item.npz")
+    caplog.set_level(logging.WARNING, logger="evdb.api.follow")
+    assert not f.poll() and not f.poll()
+    assert len(_follow_logs(caplog)) == 1
+    monkeypatch.setattr(follow, "REPEAT_LOG_S", 0.0)  # the low rate's interval has passed
+    assert not f.poll()
+    first, again = (r.getMessage() for r in _follow_logs(caplog))
+    assert "(checksum)" in first and "item.npz" in first
+    assert again.startswith(first) and again.endswith("s)") and "(2 more times in" in again
+    assert f.state.failures == {"checksum": 3}
+    f.close()
+    holder.close()
+    db.close()
+
+
+def _unreadable(monkeypatch, path: Path) -> None:
+    """Checking a publication meets ``path`` unreadable, as a non-root process meets a
+    ``chmod 000`` file (tests run as root, which reads it anyway)."""
+    verify = _checkpoint.verify
+
+    def refusing(root: Any) -> dict[str, Any]:
+        if Path(root) == path.parent:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return verify(root)
+
+    monkeypatch.setattr(_checkpoint, "verify", refusing)
+
+
+def test_an_unreadable_file_is_unreadable_not_a_checksum_mismatch(
+    tmp_path: Path, caplog, monkeypatch
+) -> None:
+    db, root = _published_twice(tmp_path)
+    f, holder = follower(root)
+    assert f.poll(upto=1)
+    npz = _publish.publication_dir(root, 2) / "item.npz"
+    with monkeypatch.context() as m:
+        _unreadable(m, npz)
+        caplog.set_level(logging.WARNING, logger="evdb.api.follow")
+        assert not f.poll() and not f.poll()
+        assert f.state.failures == {"unreadable": 2}
+        [record] = _follow_logs(caplog)
+        assert f"(unreadable): {npz}: permission denied; serving seq 1" in record.getMessage()
+        assert served(holder, "item", np.array([1]))[2] == 1
+    assert f.poll()  # readable again: applied on the next poll
+    values, _, seq = served(holder, "item", np.array([1]))
+    assert seq == 2 and values.tolist() == [[2.0, 2.0]]
+    f.close()
+    holder.close()
+    db.close()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a chmod 000 file")
+def test_a_chmod_000_file_is_unreadable(tmp_path: Path) -> None:
+    db, root = _published_twice(tmp_path)
+    f, holder = follower(root)
+    assert f.poll(upto=1)
+    npz = _publish.publication_dir(root, 2) / "item.npz"
+    npz.chmod(0)
+    try:
+        assert not f.poll()
+    finally:
+        npz.chmod(0o644)
+    assert f.state.failures == {"unreadable": 1}
+    f.close()
+    holder.close()
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "detail"),
+    [
+        (PermissionError(errno.EACCES, "Permission denied", "/p/2/a.npz"), "unreadable",
+         "/p/2/a.npz: permission denied"),
+        (CorruptDataError("/p/2/MANIFEST.json: cannot read the manifest"),
+         "manifest", "/p/2/MANIFEST.json: cannot read the manifest"),
+        (MemoryError("Unable to allocate 4.00 EiB"), "memory",
+         "/p/2: not enough memory to apply it (Unable to allocate 4.00 EiB)"),
+        (OSError(errno.EIO, "Input/output error", "/p/2/a.npz"), "read",
+         "/p/2/a.npz: Input/output error"),
+        (ValueError("cannot reshape array"), "manifest", "/p/2: cannot reshape array"),
+    ],
+)  # fmt: skip
+def test_a_failure_is_classified_by_its_cause_and_names_the_file(error, reason, detail) -> None:
+    assert follow.cause(error, "manifest", Path("/p/2")) == (reason, detail)
+
+
+def test_a_permission_error_under_an_evdb_error_is_unreadable() -> None:
+    """evdb reads a manifest or HEAD it cannot open as CorruptDataError, from the OSError."""
+    try:
+        try:
+            raise PermissionError(errno.EACCES, "Permission denied", "/p/HEAD")
+        except OSError as e:
+            raise CorruptDataError("/p/HEAD: cannot read the publish HEAD") from e
+    except CorruptDataError as e:
+        assert follow.cause(e, "head") == ("unreadable", "/p/HEAD: permission denied")
+
+
+def test_a_served_follower_counts_failures_in_its_metrics_and_keeps_serving(
+    tmp_path: Path, caplog
+) -> None:
+    db, root = _published_twice(tmp_path)
+    _claim_huge_values(_publish.publication_dir(root, 2))
+    caplog.set_level(logging.WARNING, logger="evdb.api.follow")
+    settings = Settings(follow_root=root, poll_interval_s=3600.0)  # polled by hand below
+    with TestClient(create_app(settings)) as client:  # its first poll met seq 2
+        follower_ = client.app.state.follower
+        assert not follower_.poll()
+        r = client.post("/v1/tables/item/lookup", json={"keys": [1]})
+        assert r.headers[VERSION_HEADER] == "1" and r.json()["embeddings"] == [[1.0, 1.0]]
+        metrics = client.get("/metrics").text
+        assert 'evdb_delta_failures_total{reason="memory"} 2.0' in metrics
+        assert "evdb_applied_seq 1.0" in metrics
+    assert len(_follow_logs(caplog)) == 1
+    db.close()
+
+
+def test_a_bug_in_polling_logs_its_traceback_once_not_at_every_poll(
+    tmp_path: Path, caplog, monkeypatch
+) -> None:
+    db, root = _published_twice(tmp_path)
+    db.close()
+    settings = Settings(follow_root=root, poll_interval_s=0.01)
+    caplog.set_level(logging.WARNING, logger="evdb.api.follow")
+    with TestClient(create_app(settings)) as client:
+        state = client.app.state.follower.state
+
+        def broken(upto: int | None = None) -> bool:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(client.app.state.follower, "poll", broken)
+        wait_for(lambda: state.failures["error"] >= 5, 10.0)
+    [record] = [r for r in _follow_logs(caplog) if "polling" in r.getMessage()]
+    assert record.exc_info is not None and "a bug" in str(record.exc_info[1])
