@@ -18,6 +18,7 @@ to exactly the last completed flush, and nothing written after it can leak in.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import io
@@ -55,6 +56,7 @@ from evdb.errors import (
 )
 from evdb.initializers import Initializer, Normal
 from evdb.keys import KeyType
+from evdb.locking import RWLock, exclusive, shared
 from evdb.optim import SGD, Optimizer
 from evdb.records import RecordBatch
 from evdb.table import Table
@@ -68,6 +70,11 @@ FORMAT = "evdb-rocksdb-1"
 POINTER = "evdb.json"
 WORKING = "rocksdb"
 CHECKPOINTS = "checkpoints"
+# what a flush leaves in checkpoints/: <n>/, or RocksDB's <n>.tmp/ if it stopped midway
+_CHECKPOINT_NAME = re.compile(r"[0-9]{10}(\.tmp)?")
+# evdb's own entries of a database directory, which it deletes, truncates or rewrites
+_INTERNAL = (CHECKPOINTS, WORKING, WORKING + ".tmp", POINTER + ".tmp", "LOCK")
+_INTERNAL_IN_PLACE = ("delta", "metadata.npz", "MANIFEST.json")  # a checkpoint made a database
 _SNAPSHOT_TRIES = 50  # read-only opens: checkpoints a writer may remove under one open
 
 
@@ -125,6 +132,8 @@ class Database:
         verify: bool = True,
         cache_rows: int | None = None,
         mmap_reads: bool = False,
+        restore: str | os.PathLike[str] | None = None,
+        _in_place: bool = False,
     ) -> None:
         self.path = Path(path)
         self.read_only = read_only
@@ -139,43 +148,135 @@ class Database:
         self._cache_rows = parse_optional_int("cache_rows", cache_rows, 1)
         self._lock = -1
         self._closed = False
+        self._rwlock = RWLock()  # reads share it, writes and close hold it alone (evdb.locking)
         self._tables: dict[str, Table] = {}
         self._dropped: set[str] = set()
         self._step = 0
         self._reads_at = threading.local()  # read_at's per-thread step
         self._checkpoint = 0
         self._publication: Any = None  # evdb.publish's memory of the last publication
+        # a checkpoint to start from, checked before anything is created
+        source = None if restore is None else self._parse_restore(restore, verify)
+        created = False
         if read_only:
             if not (self.path / POINTER).exists():
                 raise DatabaseNotFoundError(f"path: {self.path} holds no evdb database")
         else:
+            if not _in_place:
+                self._refuse_checkpoint()  # before the LOCK file: not a byte written there
+            if source is not None:
+                self._require_empty()
+            _refuse_links(self.path)
+            created = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock = _checkpoint.lock_exclusive(
                 self.path / "LOCK",
                 f"path: {self.path} is open in another process or handle; close it first",
             )
         try:
+            if source is not None:
+                self._require_empty()  # again, now that no other process can start here
+                self._store = self._materialize(source)
+                self._load()
+                self.flush()  # the work directory is a database from now on
+                return
             manifest = _checkpoint.read_manifest(self.path)
             if manifest is not None and verify:
                 _checkpoint.verify(self.path)
             if manifest is not None and manifest["kind"] == "incremental":
                 if read_only:
                     raise ReadOnlyError(
-                        f"path: {self.path} is an incremental checkpoint; open it for "
-                        "writing once (which rebuilds it into a database) to read it"
+                        f"path: {self.path} is an incremental checkpoint, which cannot be served "
+                        f"as it is; restore it into a work directory first: "
+                        f"evdb.open(workdir, restore={str(self.path)!r})"
                     )
-                self._store = self._materialize(manifest)
+                self._store = self._materialize(self.path)
             else:
                 self._store = self._open_store()
             self._load()
             if manifest is not None and not read_only:
                 self._become_database()
         except BaseException:
+            if source is not None:
+                self._undo_restore(created)
             self._release()
             raise
 
-    def _read_pointer(self) -> dict[str, Any] | None:
-        path = self.path / POINTER
+    def _parse_restore(self, restore: str | os.PathLike[str], verify: bool) -> Path:
+        """The checkpoint ``restore=`` names, checked (and verified, unless told not to)."""
+        if self.read_only:
+            raise ConfigError(
+                "restore: only for a writable open (read_only=True serves a checkpoint in "
+                "place: evdb.open(ckpt, read_only=True))"
+            )
+        if not isinstance(restore, (str, os.PathLike)):
+            raise InvalidArgumentError(f"restore must be a path, got {restore!r}")
+        root = Path(restore)
+        manifest = _checkpoint.read_manifest(root)
+        if manifest is None:
+            raise InvalidArgumentError(
+                f"restore: {root} is not an evdb checkpoint (no {_checkpoint.MANIFEST})"
+            )
+        if manifest.get("kind") != "incremental" and not (root / POINTER).is_file():
+            raise InvalidArgumentError(
+                f"restore: {root} is a {manifest.get('kind')!r} export, not a checkpoint a "
+                "database can start from"
+            )
+        if verify:
+            _checkpoint.verify(root)
+        return root
+
+    def _refuse_checkpoint(self) -> None:
+        """A writable open of a checkpoint in place would turn it into a database, consuming
+        it (its manifest and deltas gone, its state moved on): refused, with the way to
+        resume from it instead."""
+        manifest = _checkpoint.read_manifest(self.path)
+        if manifest is None:
+            return
+        where = str(self.path)
+        raise InvalidArgumentError(
+            f"path: {where} is an evdb checkpoint ({manifest.get('kind')}); opening it for "
+            f"writing would consume it. Resume from it in a work directory: "
+            f"evdb.open(workdir, restore={where!r}); or serve it as it is: "
+            f"evdb.open({where!r}, read_only=True)"
+        )
+
+    def _require_empty(self) -> None:
+        """``restore=`` starts a new database: the directory must be missing or empty (its
+        LOCK aside, once this handle holds it), never a database whose state it would
+        overwrite."""
+        if not self.path.exists():
+            return
+        if not self.path.is_dir():
+            raise InvalidArgumentError(f"path: {self.path} is not a directory")
+        found = sorted(e.name for e in self.path.iterdir() if e.name != "LOCK")
+        if found:
+            raise InvalidArgumentError(
+                f"path: {self.path} is not empty (it holds {', '.join(found[:3])}); restore= "
+                "starts a new database from the checkpoint: pass a missing or empty directory"
+            )
+
+    def _undo_restore(self, created: bool) -> None:
+        """A restore that failed leaves the work directory as it found it (missing or empty):
+        the directory was empty, so everything in it is this open's."""
+        store: RocksStore | None = getattr(self, "_store", None)
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.close()
+        for name in (WORKING, WORKING + ".tmp", CHECKPOINTS, POINTER, POINTER + ".tmp"):
+            entry = self.path / name
+            if entry.is_symlink() or entry.is_file():
+                entry.unlink()
+            elif entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+        if self._lock >= 0:
+            (self.path / "LOCK").unlink(missing_ok=True)  # still held: nobody else made it
+        if created:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+
+    def _read_pointer(self, root: Path | None = None) -> dict[str, Any] | None:
+        path = (self.path if root is None else root) / POINTER
         meta = _checkpoint.read_json(path, "database pointer")
         if meta is None:
             return None
@@ -213,8 +314,10 @@ class Database:
         checkpoints.mkdir(exist_ok=True)
         current = None if pointer is None else str(pointer["checkpoint"])
         for entry in checkpoints.iterdir():  # left by a flush that did not complete
-            if entry.name != current:
-                shutil.rmtree(entry)
+            if entry.name == current or not _CHECKPOINT_NAME.fullmatch(entry.name):
+                continue  # the current one, or not evdb's: left alone
+            _refuse_link(self.path, entry, directory=True)
+            shutil.rmtree(entry)
         if pointer is None:
             if working.exists():
                 shutil.rmtree(working)
@@ -222,6 +325,7 @@ class Database:
         source = checkpoints / str(current)
         if not source.is_dir():
             raise CorruptDataError(f"{self.path}: checkpoint {source} is missing")
+        _refuse_link(self.path, source, directory=True)  # the next flush removes it
         self._checkpoint = int(str(current))
         RocksStore.restore(source, working)
         return RocksStore(working, pointer["column_families"], mmap_reads=self._mmap_reads)
@@ -275,6 +379,7 @@ class Database:
             raise ReadOnlyError(f"database {self.path} is open read-only")
 
     # -- checkpoints ----------------------------------------------------------------------
+    @exclusive
     def checkpoint(
         self, dest: str | os.PathLike[str], base: str | os.PathLike[str] | None = None
     ) -> dict[str, Any]:
@@ -286,6 +391,7 @@ class Database:
         self._check_writable()
         return _checkpoint.checkpoint(self, dest, base)
 
+    @exclusive
     def publish(
         self, root: str | os.PathLike[str], *, full: bool | None = None, keep: int = 2
     ) -> dict[str, Any]:
@@ -362,12 +468,16 @@ class Database:
         )
         np.savez(path, allow_pickle=False, **arrays)
 
-    def _materialize(self, manifest: dict[str, Any]) -> RocksStore:
-        """Rebuild the state of an incremental checkpoint: the full checkpoint at the root of
-        its chain, then each incremental's deletions and changed rows, in order."""
-        chain = _checkpoint.chain_of(self.path)
+    def _materialize(self, root: Path) -> RocksStore:
+        """A working copy of the state of the checkpoint at root: its RocksDB checkpoint (for
+        an incremental one, the full checkpoint at the root of its chain, then each
+        incremental's deletions and changed rows, in order). Reads root, never writes there:
+        table files are hard-linked, the rest copied, into this database's working copy."""
+        chain = _checkpoint.chain_of(root)
         full = chain[0]
-        pointer = json.loads((full / POINTER).read_text())
+        pointer = self._read_pointer(full)
+        if pointer is None:
+            raise CorruptDataError(f"{full}: no {POINTER}: not a full checkpoint")
         working = self.path / WORKING
         RocksStore.restore(full / CHECKPOINTS / str(pointer["checkpoint"]), working)
         store = RocksStore(working, pointer["column_families"], mmap_reads=self._mmap_reads)
@@ -391,13 +501,16 @@ class Database:
         return store
 
     def _become_database(self) -> None:
-        """A checkpoint opened for writing is a database from now on: flush its state into
-        the usual layout and drop what only the checkpoint needed."""
+        """A checkpoint opened for writing in place (``_in_place``: a sharded checkpoint's
+        shard, which ``evdb.distributed.open`` resumes where it is) is a database from now
+        on: flush its state into the usual layout and drop what only the checkpoint
+        needed."""
         self.flush()
         (self.path / _checkpoint.MANIFEST).unlink()
         shutil.rmtree(self.path / _checkpoint.DELTA, ignore_errors=True)
         (self.path / "metadata.npz").unlink(missing_ok=True)
 
+    @exclusive
     def flush(self) -> None:
         """Make the current state durable: every dirty row, every table's counters and
         admission state, and the global step. After it returns, a crash loses nothing; a
@@ -436,6 +549,7 @@ class Database:
             os.close(self._lock)
             self._lock = -1
 
+    @exclusive
     def close(self) -> None:
         """Flush and release the directory. Closing twice is a no-op."""
         if self._closed:
@@ -475,6 +589,7 @@ class Database:
             )
         self._reads_at.step = int(step)
 
+    @exclusive
     def advance(self, n: int = 1) -> int:
         """Move the global step forward by n >= 0; returns the new step."""
         self._check_writable()
@@ -484,6 +599,7 @@ class Database:
         return self._step
 
     # -- tables ---------------------------------------------------------------------------
+    @exclusive
     def create_table(
         self,
         name: str,
@@ -541,6 +657,7 @@ class Database:
         self._dropped.discard(name)
         return table
 
+    @shared
     def table(self, name: str) -> Table:
         """The table called name; ``TableNotFoundError`` (a KeyError) if there is none."""
         self._check_open()
@@ -551,11 +668,13 @@ class Database:
                 f"name: no table {name!r} in {self.path}; tables: {sorted(self._tables)}"
             ) from None
 
+    @shared
     def tables(self) -> list[str]:
         """Names of the tables, sorted."""
         self._check_open()
         return sorted(self._tables)
 
+    @exclusive
     def drop_table(self, name: str) -> None:
         """Delete a table and its rows (from disk at the next flush)."""
         self._check_writable()
@@ -568,6 +687,30 @@ class Database:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"step={self._step}, tables={sorted(self._tables)}"
         return f"Database({str(self.path)!r}, {state})"
+
+
+def _refuse_link(root: Path, entry: Path, *, directory: bool = False) -> None:
+    """evdb deletes and rewrites its own files and directories: through a symbolic link
+    (or in place of something that is not what it made) that would reach data outside the
+    database, so it refuses instead, naming the entry."""
+    if entry.is_symlink():
+        raise InvalidArgumentError(
+            f"path: {entry} is a symbolic link (to {os.readlink(entry)}); evdb deletes and "
+            f"rewrites what is there, so it never follows links inside {root}: replace the "
+            "link with a real directory (a link to the whole database directory is fine)"
+        )
+    if directory and entry.exists() and not entry.is_dir():
+        raise InvalidArgumentError(
+            f"path: {entry} is not a directory; evdb did not make it (its checkpoints are "
+            "directories): move it out of the database"
+        )
+
+
+def _refuse_links(root: Path) -> None:
+    """Before a writable open touches anything: none of evdb's own entries of root is a
+    symbolic link."""
+    for name in _INTERNAL + _INTERNAL_IN_PLACE:
+        _refuse_link(root, root / name)
 
 
 def _parse_disk(disk: Any) -> DiskConfig | None:
@@ -629,6 +772,7 @@ def open(
     verify: bool = True,
     cache_rows: int | None = None,
     mmap_reads: bool = False,
+    restore: str | os.PathLike[str] | None = None,
 ) -> Database:
     """Open (creating if missing) the database directory at path.
 
@@ -643,5 +787,10 @@ def open(
     but the file pages read then count in the process's resident set (file pages, which the
     kernel may reclaim), so the RSS bound of README's "Memory" no longer holds as measured."""
     return Database(
-        path, read_only=read_only, verify=verify, cache_rows=cache_rows, mmap_reads=mmap_reads
+        path,
+        read_only=read_only,
+        verify=verify,
+        cache_rows=cache_rows,
+        mmap_reads=mmap_reads,
+        restore=restore,
     )

@@ -79,10 +79,10 @@ def test_a_full_checkpoint_opens_to_the_state_it_was_taken_at(tmp_path: Path) ->
         with pytest.raises(evdb.ReadOnlyError, match="read-only"):
             served.table("t").upsert([1], [[0.0] * DIM])
     evdb.checkpoint.verify(tmp_path / "ckpt")  # serving it changed no file
-    with evdb.open(tmp_path / "ckpt") as resumed:  # for writing: it becomes a database
+    with evdb.open(tmp_path / "work", restore=tmp_path / "ckpt") as resumed:
         assert state(resumed) == want
         train(resumed, 3, seed=2)
-    assert not (tmp_path / "ckpt" / evdb.checkpoint.MANIFEST).exists()
+    evdb.checkpoint.verify(tmp_path / "ckpt")  # resuming from it left it intact
 
 
 def test_incremental_checkpoints_store_only_changes_and_open_like_full_ones(
@@ -107,9 +107,7 @@ def test_incremental_checkpoints_store_only_changes_and_open_like_full_ones(
     assert 0 < inc["changed_rows"]["t"] < inc["tables"]["t"]["rows"]
     assert inc2["changed_rows"]["t"] < inc2["tables"]["t"]["rows"]
     for name, want in (("full1", want1), ("inc1", want1), ("inc2", want2)):
-        copy = tmp_path / f"open-{name}"
-        shutil.copytree(tmp_path / name, copy)  # opening for writing rebuilds it in place
-        with evdb.open(copy) as db:
+        with evdb.open(tmp_path / f"open-{name}", restore=tmp_path / name) as db:
             assert state(db) == want, name
     assert evdb.checkpoint.verify(tmp_path / "inc2")["kind"] == "incremental"  # bases intact
 
@@ -131,7 +129,7 @@ def test_a_damaged_checkpoint_fails_loudly_naming_the_file(tmp_path: Path) -> No
         else:
             victim.unlink()
         with pytest.raises(evdb.CorruptDataError, match=victim.name):
-            evdb.open(copy)
+            evdb.open(tmp_path / f"work-{damage}", restore=copy)
         with pytest.raises(evdb.CorruptDataError, match=victim.name):
             evdb.open(copy, read_only=True)
 

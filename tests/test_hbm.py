@@ -176,7 +176,7 @@ def test_checkpoint_and_export_see_every_level(db: evdb.Database, tmp_path: Path
     db.checkpoint(tmp_path / "ckpt")
     t.upsert(np.arange(200, 230), np.zeros((30, DIM), np.float32))
     db.checkpoint(tmp_path / "incr", base=tmp_path / "ckpt")
-    with evdb.open(tmp_path / "incr") as copy:  # the base's rows plus the changes
+    with evdb.open(tmp_path / "work", restore=tmp_path / "incr") as copy:  # base + changes
         assert len(copy.table("t")) == 150
     with evdb.open(tmp_path / "ckpt", read_only=True) as copy:
         got = snapshot(copy.table("t"))

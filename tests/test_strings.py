@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +59,7 @@ def test_checkpoints_carry_the_strings(tmp_path: Path) -> None:
         t.upsert(["new", "w3"], np.zeros((2, 2)))
         t.delete(["w4"])
         db.checkpoint(tmp_path / "inc", base=tmp_path / "base")
-    shutil.copytree(tmp_path / "inc", tmp_path / "open")
-    with evdb.open(tmp_path / "open") as db:
+    with evdb.open(tmp_path / "open", restore=tmp_path / "inc") as db:
         t = db.table("w")
         assert t.strings(["new", "w3", "w4", "w49"]) == ["new", "w3", None, "w49"]
         assert len(t) == 50

@@ -103,7 +103,8 @@ class ShardedDatabase:
             _verify_shard(root, path, checkpoint["shards"].get(path.name))
         error: Any = None
         try:
-            self.local: Database = _database.open(path)
+            # a sharded checkpoint is resumed where it is, each shard made a database in place
+            self.local: Database = _database.Database(path, _in_place=checkpoint is not None)
         except EvdbError as e:
             error = e
         views = self._x.gather_objects(
@@ -303,8 +304,8 @@ def _verify_shard(root: Path, path: Path, want: str | None) -> None:
 
 def open(root: str | os.PathLike[str], process_group: Any = None) -> ShardedDatabase:
     """Collective. Open this rank's shard of the sharded database at root (creating it if
-    missing), or resume from a sharded checkpoint there (which becomes a database, as
-    ``evdb.open`` does on a checkpoint).
+    missing), or resume from a sharded checkpoint there (which becomes a database in place,
+    unlike ``evdb.open``, which restores a checkpoint into a work directory).
 
     Parameters
     ----------
