@@ -385,9 +385,10 @@ class Database:
     ) -> dict[str, Any]:
         """Flush, then write a self-contained, checksummed copy of the database to dest,
         atomically (a crash leaves no dest or a complete one). With ``base`` (an earlier
-        checkpoint, left unopened), store only the rows changed since it. ``evdb.open(dest)``
-        resumes from either (opening for writing turns dest into a database). Returns the
-        checkpoint's manifest."""
+        checkpoint, left unopened), store only the rows changed since it.
+        ``evdb.open(workdir, restore=dest)`` resumes from either, leaving dest as it is, and
+        ``evdb.open(dest, read_only=True)`` serves a full one. Returns the checkpoint's
+        manifest."""
         self._check_writable()
         return _checkpoint.checkpoint(self, dest, base)
 
@@ -785,7 +786,18 @@ def open(
     ``mmap_reads=True`` has RocksDB read its files through memory maps instead of read calls
     (its ``allow_mmap_reads``): rows read back from disk cost less (README, "Performance"),
     but the file pages read then count in the process's resident set (file pages, which the
-    kernel may reclaim), so the RSS bound of README's "Memory" no longer holds as measured."""
+    kernel may reclaim), so the RSS bound of README's "Memory" no longer holds as measured.
+
+    ``restore=ckpt`` (writable opens only) resumes from a checkpoint: it starts a new database
+    at path, which must be missing or empty, from ckpt (full or incremental, verified first
+    unless ``verify=False``), reading ckpt and never writing under it, so it stays verifiable
+    and can be resumed from again. Opening a checkpoint itself for writing is refused
+    (``InvalidArgumentError``): that would consume it.
+
+    evdb deletes and rewrites its own entries of the directory (``checkpoints/`` and the
+    checkpoints in it, ``rocksdb/``, ``LOCK``, temporary files), so a writable open refuses
+    (``InvalidArgumentError``, naming it) where one of them is a symbolic link, rather than
+    reach through it; other entries are left alone, and path itself may be a link."""
     return Database(
         path,
         read_only=read_only,
