@@ -18,7 +18,7 @@ import orjson
 from pydantic import BaseModel, StrictStr, TypeAdapter, ValidationError
 from starlette.requests import Request
 
-from .schemas import INT64_MAX, Int64
+from .schemas import FLOAT32_MAX, INT64_MAX, Int64
 
 JSON = "application/json"
 OCTET = "application/octet-stream"
@@ -128,6 +128,8 @@ def validation_message(error: ValidationError | Sequence[Any]) -> str:
         msg = "integer outside int64"  # orjson reads integers past 2**64 as floats
     elif first.get("type") in ("greater_than_equal", "less_than_equal") and isinstance(bad, int):
         msg += " (outside int64)" if abs(bad) > INT64_MAX else ""
+    elif first.get("type") in ("greater_than_equal", "less_than_equal") and isinstance(bad, float):
+        msg = "number outside float32" if abs(bad) > FLOAT32_MAX else msg
     return f"{location(first.get('loc', ()))}: {msg}"
 
 

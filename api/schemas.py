@@ -14,8 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 
 Int64 = Annotated[int, Field(strict=True, ge=INT64_MIN, le=INT64_MAX)]
+# A float a float32 row can hold: a larger one would become inf on the way in.
+Float32 = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
 Offset = Annotated[int, Field(strict=True, ge=0)]
 Weight = Annotated[float, Field(allow_inf_nan=False)]
 Combiner = Literal["sum", "mean", "sqrtn"]

@@ -22,12 +22,11 @@ from evdb.tiers.scoring import min_live_step
 from ..codec import JSON, ApiError, body_type, dumps, parse_json, read_body, validate
 from ..deps import settings_of, table_of, use_snapshot
 from ..openapi import body_doc, error_responses
-from ..schemas import Error, Int64, _Strict
+from ..schemas import Error, Float32, Int64, _Strict
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"])
 
 MAX_K = 1000
-Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class NeighborsRequest(_Strict):
@@ -38,7 +37,8 @@ class NeighborsRequest(_Strict):
         description="Query by a key (int64, or a string for a str table): its row, or its "
         "default value. The key itself is left out of the answer.",
     )
-    vector: list[Finite] | None = Field(default=None, description="Or query by a vector (dim).")
+    # Float32: a larger value became inf, and every score null (JSON has no inf) in a 200
+    vector: list[Float32] | None = Field(default=None, description="Or query by a vector (dim).")
     k: Annotated[int, Field(strict=True, ge=1, le=MAX_K)] = Field(
         default=10, description=f"How many neighbours (at most {MAX_K})."
     )
@@ -89,6 +89,11 @@ async def neighbors(request: Request) -> Response:
             keys, scores = table.neighbors(query, req.k, req.metric)  # bad input: EvdbError
         else:
             keys, scores = _over_overlay(snap, name, table, overlay, query, req.k, req.metric)
+        if not np.isfinite(scores).all():  # float32 products of huge values overflow
+            what = "vector" if req.vector is not None else "key"
+            raise ApiError(
+                422, f"{what}: its {req.metric} scores overflow float32 (values too large)"
+            )
         strings = table.strings(keys) if table.config.keep_strings else None
     out = {"table": name, "metric": req.metric, "keys": keys, "scores": scores}
     if strings is not None:

@@ -84,6 +84,22 @@ def test_a_reload_refused_for_its_path_changes_nothing(client, snapshots) -> Non
     assert client.get("/v1/tables").json()["snapshot"] == before
 
 
+def test_a_neighbors_vector_outside_float32_is_a_422_naming_it(client) -> None:
+    """1.7e308 is a finite JSON number but inf as float32: the answer was a 200 whose scores
+    were all null."""
+    r = client.post("/v1/tables/item/neighbors", json={"vector": [1, 2, 1.7e308, 3]})
+    assert r.status_code == 422, r.text
+    assert r.json() == {"detail": "vector[2]: number outside float32"}
+
+
+def test_neighbors_scores_that_overflow_float32_are_a_422_not_nulls(client) -> None:
+    """A row's dot product with 3e38 overflows float32: the scores were inf, written as null
+    in a 200."""
+    r = client.post("/v1/tables/item/neighbors", json={"vector": [3e38, 0, 0, 0], "metric": "dot"})
+    assert r.status_code == 422, r.text
+    assert r.json() == {"detail": "vector: its dot scores overflow float32 (values too large)"}
+
+
 # Every route that reads a JSON body, with a body it serves (reload's is made per test).
 JSON_ROUTES = {
     "lookup": ("/v1/tables/item/lookup", {"keys": [5]}, {}),
