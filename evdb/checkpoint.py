@@ -211,9 +211,8 @@ def _name_problem(rel: Any) -> str | None:
     return None
 
 
-# What may sit in a checkpoint besides its manifest and the files it lists: the LOCK of a
-# process that opens the directory (empty; created before the checksums are checked).
-_UNLISTED = frozenset({MANIFEST, "LOCK"})
+# _LOCK_NOTE: what may sit in a checkpoint besides its manifest and the files it lists is an
+# empty LOCK: a writable open creates it (evdb.database) before the checksums are checked.
 
 
 def _regular_files(root: Path) -> set[str]:
@@ -277,7 +276,9 @@ def verify(root: str | os.PathLike[str]) -> dict[str, Any]:
         raise CorruptDataError(f"{root}: no {MANIFEST}: not a checkpoint or export")
     listed = manifest["files"]
     found = _regular_files(root)
-    unlisted = sorted(found - listed.keys() - _UNLISTED)
+    unlisted = sorted(found - listed.keys() - {MANIFEST})
+    if "LOCK" in unlisted and (root / "LOCK").stat().st_size == 0:
+        unlisted.remove("LOCK")  # the LOCK of a process that opens it (see _LOCK_NOTE)
     if unlisted:
         raise CorruptDataError(
             f"{root / unlisted[0]}: not listed in {root / MANIFEST} (added after it was written)"
@@ -365,13 +366,13 @@ def sweep_dead_temp_dirs(parent: Path) -> None:
 
 
 def _finish(tmp: Path, dest: Path, manifest: dict[str, Any]) -> None:
-    """Checksum every file, write the manifest, fsync everything, rename into place."""
+    """Checksum every file, write the manifest, fsync everything, rename into place. A link
+    or special file in tmp is refused here, as ``verify`` would refuse it later."""
     files = {}
-    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        files[path.relative_to(tmp).as_posix()] = {
-            "size": path.stat().st_size,
-            "xxh3_128": file_digest(path),
-        }
+    for rel in sorted(_regular_files(tmp)):
+        path = tmp / rel
+        size, digest = _size_and_digest(path)
+        files[rel] = {"size": size, "xxh3_128": digest}
         fsync_path(path)
     manifest["files"] = files
     with (tmp / MANIFEST).open("w") as f:

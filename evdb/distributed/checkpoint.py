@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evdb import database as _database
-from evdb.checkpoint import MANIFEST, file_digest, fsync_path
+from evdb.checkpoint import MANIFEST, file_digest, fsync_path, temp_dir_beside
 from evdb.config import TableConfig
 from evdb.database import Database
 from evdb.distributed.layout import LAYOUT, read_layout, shard_dir, write_json
@@ -278,8 +278,7 @@ def reshard(
                 states[name].append(_old_state(db.table(name)))
     total = sum(s.rows for table in states.values() for s in table)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp, owner = temp_dir_beside(dest)  # locked: a later checkpoint removes it if we die
     done = 0
     try:
         digests = {}
@@ -320,6 +319,8 @@ def reshard(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(owner)
     return out
 
 
@@ -333,13 +334,15 @@ def export(
     dest = Path(dest)
     if dest.exists() or dest.is_symlink():
         raise InvalidArgumentError(f"dest: {dest} already exists")
-    merged = dest.parent / f".{dest.name}.merge-{os.getpid()}"
-    shutil.rmtree(merged, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work, owner = temp_dir_beside(dest)  # locked: a later checkpoint removes it if we die
     try:
+        merged = work / "merged"
         reshard(src, merged, 1, progress=None)
         return _export_one(shard_dir(merged, 0), dest, **options)
     finally:
-        shutil.rmtree(merged, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+        os.close(owner)
 
 
 def info(src: str | os.PathLike[str]) -> dict[str, Any]:
