@@ -329,14 +329,16 @@ def _attacks(root: Path) -> Iterator[tuple[str, str, bytes, dict[str, str]]]:
             yield "POST", url, valid[url], {**headers, "content-encoding": encoding}
         for cut in ("0", "1", "-1", "99999999999999999999", "1e3", " 1"):
             yield "POST", url, valid[url], {**headers, "inference-header-content-length": cut}
+        for accept in ("application/octet-stream", "*/*", "text/html", "application/json;q=0"):
+            yield "POST", url, valid[url], {**headers, "accept": accept}
     # every route, with odd path parameters and query strings, by its own and other methods
     # (each odd path value once, each odd query string once: their product adds nothing)
     for template, methods in _routes():
         names = PATH_VALUES if "{" in template else [""]
         odd = [(name, "") for name in names] + [(names[0], query) for query in QUERIES[1:]]
-        for name, query in odd:
+        for i, (name, query) in enumerate(odd):
             url = re.sub(r"\{[^}]+\}", name, template)
-            for method in [*methods, "PUT", "DELETE"]:
+            for method in [*methods, "PUT", "DELETE", *(("HEAD", "OPTIONS", "PATCH") * (i == 0))]:
                 headers = admin if "admin" in url else {}
                 body = valid.get(url, b"{}") if method == "POST" else b""
                 yield method, url + query, body, headers
