@@ -126,6 +126,7 @@ def stats(table: Table) -> dict[str, Any]:
         "expired_on_pull": table._counters["expired_on_pull"],
         "dropped_gradients": table._counters["dropped_gradients"],
         "frozen_gradients": table._counters["frozen_gradients"],
+        "pulls_not_pushed": table._counters["pulls_not_pushed"],
         "changelog": table._changes.stats(),
     }
 

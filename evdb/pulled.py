@@ -28,6 +28,8 @@ class Pulled:
         rows     (u, dim)    row values (the default value where not admitted)
         admitted (u,) bool   which keys have a row (push drops gradients of the others)
 
+    A ``Pulled`` is pushed once, before the table's next ``pull`` (see ``Table.push``).
+
         combine(offsets=[0, 3])           -> (B, dim): mean of rows[[0, 1, 0]], of rows[[2, 1]]
         combine_backward(g, offsets=...)  -> (u, dim): gradients to pass to Table.push
 
@@ -55,6 +57,9 @@ class Pulled:
     _rows: Int64Array = field(default_factory=lambda: np.empty(0, np.int64), repr=False)
     _tier: object = field(default=None, repr=False)
     _frees: int = field(default=-1, repr=False)
+    # The table's count of pulls when this one was made: push accepts only the latest pull
+    # of a table, once (Table._check_pushable).
+    _serial: int = field(default=-1, repr=False)
 
     def combine(
         self,

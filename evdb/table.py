@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["Pulled", "Table"]
 
 _DEDUP_FIRST = 8192  # pulls of up to this many keys deduplicate before probing the index
+_SAME_STEP_PUSHES = 1000  # a table with a TTL warns once when it takes this many at one step
 
 
 class Table:
@@ -113,7 +115,16 @@ class Table:
             "expired_on_pull": 0,
             "dropped_gradients": 0,
             "frozen_gradients": 0,
+            "pulls_not_pushed": 0,  # pulls whose batch the next pull found not pushed
         }
+        # A push applies to the latest pull of the table, once: pulls made, and the serial
+        # (the count of pulls before it) of the last one pushed.
+        self._pulls = 0
+        self._pushed = -1
+        # Pushes at one step (a table with a TTL warns once when training never advances)
+        self._push_step = -1
+        self._pushes_at_step = 0
+        self._warned_step = False
         # reused probe buffers (first touch is slow), one per lookup in flight
         self._out_rows: list[Int64Array] = []
         self._dedup = Deduper()
@@ -401,7 +412,8 @@ class Table:
         Every occurrence counts toward admission; a key is admitted on the pull in which its
         count reaches ``min_count``. Admitted keys get (or keep) a row stamped with
         ``last_step = db.step``; an expired row starts afresh. The batch's rows are protected
-        from eviction until its ``push`` or the next ``pull``.
+        from eviction until its ``push`` or the next ``pull``; push it once, before the next
+        ``pull`` of the table (see ``push``).
 
         ``counts`` (n,) int >= 1, optional, says how many occurrences each key stands for
         (admission and ``freq`` count them; 1 each by default): a shard's owner pulls the
@@ -424,6 +436,8 @@ class Table:
                 f"keys: the batch has {uniq.shape[0]} distinct keys, more than "
                 f"dram_rows={cap}, and this table has no lower tier to spill to"
             )
+        if self._pulls and self._pushed != self._pulls - 1:
+            self._counters["pulls_not_pushed"] += 1  # the batch before was never pushed
         self._dram.unpin_all()
         version = self._bump_version()
         rows = self._drop_expired(found)
@@ -484,7 +498,58 @@ class Table:
             _rows=rows,
             _tier=self._dram,
             _frees=self._dram.frees,
+            _serial=self._next_pull(),
         )
+
+    def _next_pull(self) -> int:
+        self._pulls += 1
+        return self._pulls - 1
+
+    def _check_pushable(self, pulled: Any) -> None:
+        """Raise unless pulled is this table's latest pull, not pushed yet: a second push
+        would apply its gradients twice, and a batch older than the last pull was computed
+        from rows that pull may have unpinned and moved (TorchRec and DeepRec tie an update
+        to its lookup the same way)."""
+        if not isinstance(pulled, Pulled) or pulled.table != self.name:
+            raise InvalidArgumentError(
+                f"pulled must be what {self.name!r}.pull() returned, got {type(pulled).__name__}"
+                + (f" of table {pulled.table!r}" if isinstance(pulled, Pulled) else "")
+            )
+        if pulled._tier is not self._dram:
+            raise InvalidArgumentError(
+                f"pulled: this batch was pulled from another table {self.name!r} (one dropped "
+                "and re-created, or another database): push it to the table that pulled it"
+            )
+        if pulled._serial <= self._pushed:
+            raise InvalidArgumentError(
+                f"pulled: this batch of table {self.name!r} was pushed already (pull "
+                f"#{pulled._serial}); a second push would apply its gradients twice"
+            )
+        if pulled._serial != self._pulls - 1:
+            raise InvalidArgumentError(
+                f"pulled: this batch of table {self.name!r} (pull #{pulled._serial}) is stale: "
+                f"pull #{self._pulls - 1} came after it and unpinned its rows; push each batch "
+                "before the next pull of the table (to accumulate gradients over micro-batches, "
+                "sum them and push once)"
+            )
+
+    def _count_push_step(self) -> None:
+        """With a TTL, warn once when pushes pile up at one step: a loop that never calls
+        ``advance`` expires nothing, then everything at once when the step jumps."""
+        step = self._db.step
+        if step != self._push_step:
+            self._push_step, self._pushes_at_step = step, 0
+        self._pushes_at_step += 1
+        if self._pushes_at_step == _SAME_STEP_PUSHES and not self._warned_step:
+            self._warned_step = True
+            warnings.warn(
+                f"table {self.name!r} has ttl_steps={self.config.ttl_steps} but took "
+                f"{_SAME_STEP_PUSHES} pushes at step {step}: call db.advance() once per "
+                "training step, or its rows expire by steps that never come (and then all at "
+                "once)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     @exclusive
     def prefetch(self, keys: Any) -> None:
@@ -513,13 +578,19 @@ class Table:
         Gradients of keys that have no row (not admitted, or deleted since the pull) are
         dropped and counted in ``stats()["dropped_gradients"]``. Non-finite gradients raise
         and change nothing.
+
+        An update is tied to its pull (as TorchRec's and DeepRec's are to their lookup): a
+        ``Pulled`` is pushed at most once, and only while it is the table's latest pull.
+        Pushing it twice, or after a newer ``pull`` of the table (which unpinned its rows),
+        raises ``InvalidArgumentError`` and changes nothing; to accumulate gradients over
+        micro-batches, sum them and push once. A pull that the next pull finds not pushed
+        (an evaluation batch pulled in training mode, say) is counted in
+        ``stats()["pulls_not_pushed"]``. With ``ttl_steps``, a table that takes 1,000 pushes at
+        one step warns once (``RuntimeWarning``): rows age by ``db.advance()``, so a loop that
+        never calls it expires nothing, then everything at once.
         """
         self._db._check_writable()
-        if not isinstance(pulled, Pulled) or pulled.table != self.name:
-            raise InvalidArgumentError(
-                f"pulled must be what {self.name!r}.pull() returned, got {type(pulled).__name__}"
-                + (f" of table {pulled.table!r}" if isinstance(pulled, Pulled) else "")
-            )
+        self._check_pushable(pulled)
         u = pulled.keys.shape[0]
         n = pulled.inverse.shape[0]
         g = float_matrix(grads, ((n if per_position else u), self.dim), "grads")
@@ -547,6 +618,9 @@ class Table:
                 rows[gone] = back
         version = self._bump_version()
         self._pushes += 1
+        self._pushed = pulled._serial
+        if self.config.ttl_steps is not None:
+            self._count_push_step()
         # Frozen rows leave the update (read by training, never changed by it); every other
         # row is stamped (last_step, version, dirty) in the same pass. Nothing below can fail:
         # the gradients were checked finite above.

@@ -19,7 +19,13 @@ __all__ = ["COUNTERS", "checkpoint_info", "flush", "load"]
 
 # The order of the saved counters after the first four; a counter added later goes last, so
 # that an older save still loads (its missing counters start at 0).
-COUNTERS = ("not_admitted", "expired_on_pull", "dropped_gradients", "frozen_gradients")
+COUNTERS = (
+    "not_admitted",
+    "expired_on_pull",
+    "dropped_gradients",
+    "frozen_gradients",
+    "pulls_not_pushed",
+)
 
 
 def flush(table: Table) -> dict[str, np.ndarray]:
