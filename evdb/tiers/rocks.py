@@ -168,7 +168,8 @@ def _shadow(src: Path) -> tuple[Path, int, list[int]]:
             elif _FD_LINKS is None:
                 os.symlink(os.path.abspath(entry.path), target)
             else:
-                pins.append(os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC))
+                # (O_NONBLOCK: a FIFO planted there fails RocksDB's open, never hangs this one)
+                pins.append(os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
                 os.symlink(f"{_FD_LINKS}/{pins[-1]}", target)
     except FileNotFoundError as e:  # removed (by a writer's flush) while being pinned
         _remove_shadow_dir(shadow, owner, pins)
