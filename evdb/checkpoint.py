@@ -402,6 +402,11 @@ def checkpoint(
                 f"base: {base} is not a checkpoint (no {MANIFEST}; a checkpoint that was "
                 "opened for writing has become a database)"
             )
+        if base_manifest["kind"] not in ("full", "incremental"):
+            raise InvalidArgumentError(
+                f"base: {base} is an {base_manifest['kind']}, not a checkpoint: an "
+                "incremental checkpoint needs a full or incremental one as its base"
+            )
     db.flush()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp, owner = temp_dir_beside(dest)

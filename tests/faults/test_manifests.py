@@ -224,3 +224,12 @@ def test_a_sharded_layout_with_a_bad_field_is_corrupt_naming_it(tmp_path: Path) 
         (root / LAYOUT).write_text(json.dumps(layout))
         with pytest.raises(evdb.CorruptDataError, match=f"sharding.json: field {field}"):
             sharded.info(root)
+
+
+def test_an_export_is_refused_as_the_base_of_an_incremental_checkpoint(tmp_path: Path) -> None:
+    with evdb.open(tmp_path / "db") as db:
+        db.create_table("t", dim=2).upsert([1], [[1.0, 2.0]])
+        evdb.export(db, tmp_path / "export", format="npz")
+        with pytest.raises(evdb.InvalidArgumentError, match="is an export-npz, not a checkpoint"):
+            db.checkpoint(tmp_path / "inc", base=tmp_path / "export")
+    assert not (tmp_path / "inc").exists()
