@@ -61,8 +61,8 @@ def test_reload_of_a_symlink_loop_is_a_422_naming_path(client, snapshots) -> Non
         r = _reload(client, str(loop / "x"))
     finally:
         loop.unlink()
-    assert r.status_code == 422, r.text
-    assert r.json()["detail"].startswith("path: cannot be resolved")
+    assert r.status_code == 422, r.text  # resolve() raises on a loop before Python 3.13
+    assert r.json()["detail"].startswith(("path: cannot be resolved", "path: cannot be served"))
 
 
 def test_reload_of_a_name_too_long_for_the_filesystem_is_a_422(client, snapshots) -> None:
