@@ -92,6 +92,10 @@ def query_vector(table: Table, query: Any) -> tuple[Float32Array, int | None]:
     bad = np.flatnonzero(~np.isfinite(vec))
     if bad.size:
         raise InvalidArgumentError(f"query[{bad[0]}] is not finite: {vec[bad[0]]!r}")
+    # rows are float32: a larger component would become inf and every score inf or NaN
+    bad = np.flatnonzero(np.abs(vec) > np.finfo(np.float32).max)
+    if bad.size:
+        raise InvalidArgumentError(f"query[{bad[0]}] is outside float32's range: {vec[bad[0]]!r}")
     return vec.astype(np.float32), None
 
 

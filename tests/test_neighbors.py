@@ -113,6 +113,7 @@ def test_str_tables_take_and_return_strings(db) -> None:
         ({"query": 1, "metric": "euclid"}, "metric must be one of"),
         ({"query": [1.0, 2.0]}, r"query: a vector must have shape \(3,\)"),
         ({"query": [1.0, float("nan"), 2.0]}, r"query\[1\] is not finite"),
+        ({"query": [1.0, 1e39, 2.0]}, r"query\[1\] is outside float32's range"),
         ({"query": [0.0, 0.0, 0.0]}, "zero vector"),
         ({"query": "word"}, "query.* is str 'word'; this table takes integer keys"),
         ({"query": None}, "query must be a key or a vector"),
