@@ -14,6 +14,7 @@ and directory is fsynced: a crash leaves either no ``dest`` or a complete one.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -246,8 +247,12 @@ def _size_and_digest(path: Path) -> tuple[int, str]:
     swapped for a link after the directory was listed is refused, not read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        raise CorruptDataError(f"{path}: cannot be read as a regular file ({e.strerror})") from e
+    except OSError as e:  # others (a file we may not read: EACCES) stay OSErrors, not damage
+        if e.errno == errno.ELOOP:
+            raise CorruptDataError(f"{path}: a symbolic link; a checkpoint holds only files") from e
+        if e.errno == errno.ENOENT:
+            raise CorruptDataError(f"{path}: missing (removed while it was checked)") from e
+        raise
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
