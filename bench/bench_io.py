@@ -38,11 +38,11 @@ timed call, so no call pays for the dirty pages of the one before):
   seconds, the bytes its ``MANIFEST.json`` lists (the sum of its files' sizes), and the bytes
   new on disk: the files with ``st_nlink == 1`` right after it is taken (a full checkpoint
   hard-links the SST files of the database's last flush, so they cost no new space while the
-  database keeps them). Then the database is closed and ``evdb.open`` (for writing: verify
-  every checksum, rebuild, flush) is timed on a copy of c2 (the rebuild applies the delta to
-  c1's rows) and on a copy of c3 (copies: opening for writing turns a checkpoint into a
-  database; SST files are hard-linked, as evdb's own working copies are). Both opened copies
-  are checked: the row count, and the changed rows read back with their new values.
+  database keeps them). Then the database is closed and ``evdb.open(workdir, restore=...)``
+  (verify every checksum, rebuild, flush; the checkpoint itself is never written) is timed
+  from c2 (the rebuild applies the delta to c1's rows) and from c3 (SST files hard-linked, as
+  evdb's own working copies are). Both restored databases are checked: the row count, and the
+  changed rows read back with their new values.
 
 Each export and import figure is the median of ``--repeat`` timed calls (default 1: each call
 moves gigabytes at the default sizes), with ``time.perf_counter``; no warm-up call (the files
@@ -283,18 +283,6 @@ def checkpoint_sizes(path: Path) -> tuple[int, int, int]:
     return len(manifest["files"]), listed, new
 
 
-def copy_checkpoint(src: Path, dest: Path) -> None:
-    """dest = a copy of src: SST files hard-linked (immutable), everything else copied."""
-
-    def link_or_copy(a: str, b: str) -> None:
-        if a.endswith((".sst", ".blob")):
-            os.link(a, b)
-        else:
-            shutil.copy2(a, b)
-
-    shutil.copytree(src, dest, copy_function=link_or_copy)
-
-
 # -- 1. export and 2. import --------------------------------------------------------------
 def bench_int(args: argparse.Namespace, root: Path, report: Report) -> None:
     """Exports of the int-key table against np.save; then the npz import against np.load."""
@@ -498,23 +486,22 @@ def bench_checkpoint(args: argparse.Namespace, root: Path, report: Report) -> No
     probe = rng.choice(m, min(m, 1000), replace=False)
     for label, src in (("incremental", c2), ("full", c3)):
         copy = root / f"open-{label}"
-        copy_checkpoint(src, copy)
         os.sync()
         t0 = time.perf_counter()
-        opened = evdb.open(copy)
+        opened = evdb.open(copy, restore=src)  # a checkpoint is never opened for writing
         report.opens[label] = time.perf_counter() - t0
         try:
             t = opened.table(TABLE)
             if len(t) != n:
-                report.problems.append(f"open of a copy of {label}: {len(t)} rows, expected {n}")
+                report.problems.append(f"restore from {label}: {len(t)} rows, expected {n}")
             got = t.lookup(keys[changed[probe]])
             if not np.array_equal(got, new_values[probe]):
                 report.problems.append(
-                    f"open of a copy of {label}: the changed rows do not read back their new values"
+                    f"restore from {label}: the changed rows do not read back their new values"
                 )
         finally:
             opened.close()
-        log(f"  open copy of {label}: {report.opens[label]:.2f}s")
+        log(f"  restore from {label}: {report.opens[label]:.2f}s")
         shutil.rmtree(copy)
     for path in (c1, c2, c3, db_path):
         shutil.rmtree(path)
@@ -708,21 +695,21 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
     if "incremental" in o and "full" in o:
         rows = [
             [
-                "copy of c2 (incremental)",
+                "restore=c2 (incremental)",
                 fmt_s(o["incremental"]),
                 fmt_ratio(o["incremental"] / o["full"]),
             ],
-            ["copy of c3 (full)", fmt_s(o["full"]), "1.00x"],
+            ["restore=c3 (full)", fmt_s(o["full"]), "1.00x"],
         ]
-        print_table(["evdb.open(...)", "s", "vs full"], rows, first_left=1)
+        print_table(["evdb.open(workdir, ...)", "s", "vs full"], rows, first_left=1)
         print(
-            "(open for writing: verify every checksum (c2: and c1's), rebuild (c2: c1's rows,\n"
-            " then the delta's deletions and rows), flush; SST files of the copies hard-linked)"
+            "(verify every checksum (c2: and c1's), rebuild (c2: c1's rows, then the delta's\n"
+            " deletions and rows), flush; SST files of the checkpoint hard-linked)"
         )
     for problem in report.problems:
         print(f"CHECK FAILED: {problem}")
     if not report.problems:
-        print("check: both opened copies hold every row, and the changed rows' new values")
+        print("check: both restored databases hold every row, and the changed rows' new values")
 
 
 # -- main ---------------------------------------------------------------------------------
