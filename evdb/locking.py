@@ -31,8 +31,7 @@ class RWLock:
     """Many readers or one writer, writer-preferring, reentrant for nested calls."""
 
     def __init__(self) -> None:
-        # taken with ``with self._mutex`` (a C-level enter, where a Condition's is Python's);
-        # waits go through the condition over the same lock
+        # guards the counts below; waits go through the condition over the same lock
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)
         self._readers = 0  # threads holding it shared (each counted once)
@@ -43,6 +42,9 @@ class RWLock:
         self._mine = threading.local()  # .n: this thread's nested shared holds
         self.writes = 0  # writes completed (``exclusive``): a scan notices one between chunks
 
+    # The fast paths take the mutex with acquire()/release() rather than ``with`` (0.10 against
+    # 0.27 us here): nothing between the two can raise.
+
     def acquire_shared(self) -> bool:
         """Take it shared; returns whether this thread held it already (either way)."""
         mine = self._mine
@@ -50,27 +52,38 @@ class RWLock:
         if held or (self._writer and self._writer == threading.get_ident()):
             mine.n = held + 1  # nested: this thread already keeps writers (or readers) out
             return True
-        with self._mutex:
-            if self._writer or self._waiting:
-                self._sleepers += 1
-                try:
-                    while self._writer or self._waiting:
-                        self._cond.wait()
-                finally:
-                    self._sleepers -= 1
+        mutex = self._mutex
+        mutex.acquire()
+        if self._writer or self._waiting:
+            mutex.release()
+            self._wait_shared()
+        else:
             self._readers += 1
+            mutex.release()
         mine.n = 1
         return False
+
+    def _wait_shared(self) -> None:
+        with self._mutex:
+            self._sleepers += 1
+            try:
+                while self._writer or self._waiting:
+                    self._cond.wait()
+            finally:
+                self._sleepers -= 1
+            self._readers += 1
 
     def release_shared(self) -> None:
         mine = self._mine
         n = mine.n = mine.n - 1
         if n or (self._writer and self._writer == threading.get_ident()):
             return
-        with self._mutex:
-            self._readers -= 1
-            if not self._readers and self._sleepers:
-                self._cond.notify_all()
+        mutex = self._mutex
+        mutex.acquire()
+        self._readers -= 1
+        if not self._readers and self._sleepers:
+            self._cond.notify_all()
+        mutex.release()
 
     def acquire_exclusive(self) -> None:
         me = threading.get_ident()
@@ -82,27 +95,39 @@ class RWLock:
                 "a thread reading the database asked to write to it inside that read "
                 "(it would wait for itself); this is a bug in evdb"
             )
-        with self._mutex:
-            if self._writer or self._readers:
-                self._waiting += 1
-                self._sleepers += 1
-                try:
-                    while self._writer or self._readers:
-                        self._cond.wait()
-                finally:
-                    self._waiting -= 1
-                    self._sleepers -= 1
+        mutex = self._mutex
+        mutex.acquire()
+        if self._writer or self._readers:
+            mutex.release()
+            self._wait_exclusive()
+        else:
             self._writer = me
+            self._depth = 1
+            mutex.release()
+
+    def _wait_exclusive(self) -> None:
+        with self._mutex:
+            self._waiting += 1
+            self._sleepers += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+                self._sleepers -= 1
+            self._writer = threading.get_ident()
             self._depth = 1
 
     def release_exclusive(self) -> None:
         self._depth -= 1
         if self._depth:
             return
-        with self._mutex:
-            self._writer = 0
-            if self._sleepers:
-                self._cond.notify_all()
+        mutex = self._mutex
+        mutex.acquire()
+        self._writer = 0
+        if self._sleepers:
+            self._cond.notify_all()
+        mutex.release()
 
     def held_exclusive(self) -> bool:
         """Whether the calling thread holds the lock exclusive."""

@@ -103,6 +103,7 @@ class Table:
         )
         # The top tier (DRAM, or HBM over it): the hot paths below work on it alone.
         self._dram = self._chain.cache
+        self._hbm = config.hbm is not None
         self._version = 0  # table-wide mutation counter; rows record the value that changed them
         self._pushes = 0
         # Names this incarnation of the table: versions restart when a table is re-created,
@@ -160,7 +161,7 @@ class Table:
         below merge expired steps when the live floor rose (``StepCounts.live``). Both end
         with the first read that does it. An HBM tier's reads go through the DRAM chain
         below it, whose index may be moving too: they always run alone."""
-        if self.config.hbm is not None or self._dram.index._old is not None:
+        if self._dram.index._old is not None or self._hbm:
             return True
         below = self._chain.below_steps
         return below.track_steps and self._min_live() > below.floor
@@ -289,31 +290,35 @@ class Table:
         offsets, (B, dim) float32, one combined vector per bag. One fused kernel probes,
         gathers and combines: no (n, dim) matrix is built for a bag lookup.
         """
-        args = (keys, offsets, weights, combiner, max_norm, out)
         lock = self._rwlock
-        # Shared; the rows read from disk are promoted afterwards, alone (a promotion changes
-        # the DRAM tier that the other readers probe meanwhile; it reads them again then).
-        later: list[Int64Array] | None = [] if promote else None
-        got = None
-        if lock.acquire_shared():  # nested in this thread's own call: run as it holds it
-            try:
-                return reads.lookup(self, *args, promote and lock.held_exclusive(), found, None)
-            finally:
-                lock.release_shared()
+        fill = None  # keys of the rows a shared read found on disk, to promote alone
+        nested = lock.acquire_shared()
         try:
+            if nested:  # inside this thread's own call: run as it holds the lock
+                promote = promote and lock.held_exclusive()
+                return reads.lookup(
+                    self, keys, offsets, weights, combiner, max_norm, out, promote, found
+                )
             if not self._reads_mutate():
-                got = reads.lookup(self, *args, False, found, later)
+                # Shared; the rows read from disk are promoted afterwards, alone (promotion
+                # changes the DRAM tier the other readers probe; it reads them again then).
+                later: list[Int64Array] | None = [] if promote else None
+                got = reads.lookup(
+                    self, keys, offsets, weights, combiner, max_norm, out, False, found, later
+                )
                 if not later:
                     return got
+                fill = np.concatenate(later)
         finally:
             lock.release_shared()
         lock.acquire_exclusive()
         try:
-            if got is None:  # a read would mutate the table now: the whole lookup runs alone
-                got = reads.lookup(self, *args, promote, found, None)
+            if fill is None:  # a read would mutate the table now: the whole lookup runs alone
+                got = reads.lookup(
+                    self, keys, offsets, weights, combiner, max_norm, out, promote, found
+                )
             else:
-                assert later
-                reads.promote(self, np.concatenate(later))
+                reads.promote(self, fill)
             lock.writes += promote  # rows moved between tiers: a scan in progress must know
             return got
         finally:
