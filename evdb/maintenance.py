@@ -14,11 +14,12 @@ import numpy as np
 
 from evdb._types import Float32Array, Int64Array
 from evdb.errors import InvalidArgumentError
+from evdb.records import RecordBatch
 
 if TYPE_CHECKING:
     from evdb.table import Table
 
-__all__ = ["compact", "items", "stats"]
+__all__ = ["compact", "items", "scan", "stats"]
 
 _SCAN_ROWS = 65536  # rows only on disk are judged a chunk of this many at a time
 
@@ -70,39 +71,47 @@ def _compact_below(table: Table, min_live: int, threshold: float | None) -> tupl
 
 def items(table: Table, chunk_rows: int) -> Iterator[tuple[Int64Array, Float32Array]]:
     """``Table.items`` (see there). A generator: like the method before it, it checks its
-    argument at the first ``next``, not at the call.
-
-    Each chunk is read holding the database's lock shared, never across a ``yield`` (a
-    generator left unfinished would keep writers out for good); a write to the database
-    between two chunks (``RWLock.writes`` moved) could make the scan miss or repeat rows, so
-    the next chunk raises instead. Writes of this thread's own caller (the lock held
-    exclusive around the scan: checkpoints, exports) are the ones that may interleave."""
+    argument at the first ``next``, not at the call."""
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise InvalidArgumentError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
-    lock = table._rwlock
-    own = lock.held_exclusive()
     with _reading(table):
         table._db._check_open()
         min_live = table._min_live()
-        scan = table._chain.scan(chunk_rows)
-        writes = lock.writes
-    while True:
-        with _reading(table):
-            if lock.writes != writes and not own:
-                table._db._check_open()
-                raise InvalidArgumentError(
-                    f"table {table.name!r} changed while items() was iterating it (another "
-                    "thread wrote to the database between two chunks); iterate again, or "
-                    "hold the writes until the scan ends"
-                )
-            chunk = next(scan, None)
-            writes = lock.writes
-        if chunk is None:
-            return
-        keys, records = chunk
+    for keys, records in scan(table, chunk_rows, strict=True):
         live = records.last_step >= min_live
         if live.any():
             yield keys[live], records.values[live]
+
+
+def scan(
+    table: Table, chunk_rows: int, *, strict: bool
+) -> Iterator[tuple[Int64Array, RecordBatch]]:
+    """Every row once (expired ones too), a chunk at a time, as ``TierChain.scan``, each chunk
+    read holding the database's lock (shared), never across a ``yield`` (a generator left
+    unfinished would keep writers out for good).
+
+    A write to the database between two chunks (``RWLock.writes`` moved: rows may have moved
+    between tiers) could make the scan miss or repeat rows: with ``strict`` the next chunk
+    raises ``InvalidArgumentError``; without, the scan goes on (a sample, a dashboard). A
+    scan inside its caller's exclusive hold (checkpoint, publish) sees only its own writes."""
+    lock = table._rwlock
+    own = lock.held_exclusive()
+    chunks = table._chain.scan(chunk_rows)  # a generator: it reads nothing until next()
+    writes = lock.writes
+    while True:
+        with _reading(table):
+            table._db._check_open()  # a closed store cannot be read
+            if strict and not own and lock.writes != writes:
+                raise InvalidArgumentError(
+                    f"table {table.name!r} changed while it was being scanned (another thread "
+                    "wrote to the database between two chunks of items()); iterate again, or "
+                    "hold the writes until the scan ends"
+                )
+            chunk = next(chunks, None)
+            writes = lock.writes
+        if chunk is None:
+            return
+        yield chunk
 
 
 def stats(table: Table) -> dict[str, Any]:

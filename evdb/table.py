@@ -353,8 +353,18 @@ class Table:
         Each chunk is read under the database's lock (shared), which is not held between
         chunks; a write to the database by another thread between two chunks makes the next
         one raise ``InvalidArgumentError`` (the scan could miss or repeat rows): iterate again.
+        A thread that holds the database's lock exclusive (a checkpoint) sees its own writes.
         """
         return maintenance.items(self, chunk_rows)
+
+    def _scan(
+        self, chunk_rows: int = 65536, *, strict: bool = True
+    ) -> Iterator[tuple[Int64Array, RecordBatch]]:
+        """Every row (expired ones too) as ``(keys, records)`` chunks, from whichever tier
+        holds it, each chunk read under the database's lock: what checkpoints, exports and
+        samples read instead of the tier chain's own scan (see ``evdb.maintenance.scan``;
+        ``strict=False`` goes on past writes between chunks)."""
+        return maintenance.scan(self, chunk_rows, strict=strict)
 
     @reading
     def neighbors(
