@@ -90,11 +90,6 @@ class RWLock:
         if self._writer == me:
             self._depth += 1
             return
-        if getattr(self._mine, "n", 0):
-            raise EvdbError(
-                "a thread reading the database asked to write to it inside that read "
-                "(it would wait for itself); this is a bug in evdb"
-            )
         mutex = self._mutex
         mutex.acquire()
         if self._writer or self._readers:
@@ -106,6 +101,11 @@ class RWLock:
             mutex.release()
 
     def _wait_exclusive(self) -> None:
+        if getattr(self._mine, "n", 0):  # a reader of its own counts in _readers: only here
+            raise EvdbError(
+                "a thread reading the database asked to write to it inside that read "
+                "(it would wait for itself); this is a bug in evdb"
+            )
         with self._mutex:
             self._waiting += 1
             self._sleepers += 1
