@@ -277,6 +277,8 @@ class ShardedTable:
                     f"pulled must be what {self.name!r}.pull() returned on this rank, got "
                     f"{type(pulled).__name__}"
                 )
+            # a double or stale push is refused on every rank before the gradients travel
+            self.local._check_pushable(pulled._owner)
             u, n = pulled.keys.shape[0], pulled.inverse.shape[0]
             g = float_matrix(grads, ((n if per_position else u), self.dim), "grads")
             if per_position:  # sum each key's positions here: one row per key on the wire

@@ -273,8 +273,10 @@ def test_mismatched_calls_and_bad_input_fail_on_every_rank(tmp_path: Path) -> No
         assert n == 2 and pulled == (2 if r == 0 else 0)
         init = evdb.init.Normal(0.0, 0.01, 0).values(np.array([2]), workers.DIM)[0]
         np.testing.assert_allclose(row, init - 0.01, rtol=1e-6)  # one SGD step, lr 0.01
+        assert "pushed already" in seen["double_push"]
+        np.testing.assert_allclose(seen["row_after_double_push"], row)  # applied once only
         assert "same configuration" in seen["config"]
-        assert "len at step 1, rank 1: call 11 len at step 0" in seen["step"]
+        assert "len at step 1, rank 1: call 13 len at step 0" in seen["step"]
 
 
 def test_prefetch_reads_ahead_at_the_owners_and_changes_no_result(tmp_path: Path) -> None:

@@ -186,6 +186,11 @@ def misuse(rank: int, world: int, out: Path) -> dict[str, Any]:
     p = t.pull(mine)
     t.push(p, np.ones((p.keys.shape[0], DIM), np.float32))
     seen["empty_batch"] = [len(t), t.lookup(np.array([2]))[0].tolist(), p.rows.shape[0]]
+    try:  # every rank pushes the same batch again: refused before any gradient travels
+        t.push(p, np.ones((p.keys.shape[0], DIM), np.float32))
+    except evdb.InvalidArgumentError as e:
+        seen["double_push"] = str(e)
+    seen["row_after_double_push"] = t.lookup(np.array([2]))[0].tolist()
     try:
         db.create_table("u", dim=DIM + rank)
     except evdb.ShardLayoutError as e:
