@@ -56,7 +56,7 @@ def sample_steps(table: Table, max_rows: int) -> Iterator[RowSample | None]:
     freq = np.empty(0, dtype=np.int64)
     last = np.empty(0, dtype=np.int64)
     total = 0
-    for k, records in table._chain.scan(_CHUNK_ROWS):
+    for k, records in table._scan(_CHUNK_ROWS, strict=False):  # under the lock, chunk by chunk
         live = records.last_step >= min_live
         total += int(np.count_nonzero(live))
         p = mix64_np(k[live].view(np.uint64))
