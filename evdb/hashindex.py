@@ -65,6 +65,12 @@ class HashIndex:
         return self._table
 
     @property
+    def moving(self) -> bool:
+        """Whether a move into a bigger slot table is in progress: then a probe (``find``,
+        ``slots``) advances it, so even a read changes the index."""
+        return self._old is not None
+
+    @property
     def nbytes(self) -> int:
         extra = sum(0 if t is None else t.nbytes for t in (self._old, self._next))
         return int(self._table.nbytes + extra)

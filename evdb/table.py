@@ -161,7 +161,7 @@ class Table:
         below merge expired steps when the live floor rose (``StepCounts.live``). Both end
         with the first read that does it. An HBM tier's reads go through the DRAM chain
         below it, whose index may be moving too: they always run alone."""
-        if self._dram.index._old is not None or self._hbm:
+        if self._dram.index.moving or self._hbm:
             return True
         below = self._chain.below_steps
         return below.track_steps and self._min_live() > below.floor
