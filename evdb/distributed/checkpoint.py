@@ -55,7 +55,6 @@ def checkpoint(sdb: ShardedDatabase, dest: Path, base: Path | None) -> dict[str,
             layout = read_layout(base)
             if layout is None or "checkpoint" not in layout:
                 raise InvalidArgumentError(f"base: {base} is not a sharded checkpoint")
-            _check_layout(base / LAYOUT, layout)
             if layout["world_size"] != sdb.world_size:
                 raise InvalidArgumentError(
                     f"base: {base} has {layout['world_size']} shards, this job "
@@ -99,7 +98,6 @@ def _source(src: Path) -> tuple[dict[str, Any], list[Path]]:
             f"{src}: no {LAYOUT}: not a sharded database, or a sharded checkpoint that did "
             "not complete (its manifest is written last)"
         )
-    _check_layout(src / LAYOUT, layout)
     shards = [shard_dir(src, r) for r in range(layout["world_size"])]
     listed = (layout.get("checkpoint") or {}).get("shards")
     for path in shards:
@@ -113,43 +111,6 @@ def _source(src: Path) -> tuple[dict[str, Any], list[Path]]:
         if file_digest(manifest) != listed.get(path.name):
             raise CorruptDataError(f"{manifest}: not the shard manifest {src / LAYOUT} lists")
     return layout, shards
-
-
-def _check_layout(path: Path, layout: dict[str, Any]) -> None:
-    """The fields of a sharding layout that resharding, export and info read, checked:
-    ``CorruptDataError`` naming the file and the field, never a ``KeyError`` later."""
-
-    def bad(field: str, what: str) -> CorruptDataError:
-        if field not in layout:
-            return CorruptDataError(f"{path}: field {field} is missing")
-        return CorruptDataError(f"{path}: field {field} must be {what}, got {layout[field]!r}")
-
-    n = layout.get("world_size")
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 99999:
-        raise bad("world_size", "an int in [1, 99999] (shard-<rank:05d>)")
-    tables = layout.get("tables")
-    if not isinstance(tables, dict):
-        raise bad("tables", "an object of placements")
-    for name, placement in tables.items():
-        try:
-            Placement.from_dict(placement)
-        except (KeyError, TypeError, ValueError) as e:  # ConfigError is a ValueError
-            raise CorruptDataError(
-                f"{path}: field tables[{name!r}] is not a placement ({placement!r}: {e})"
-            ) from e
-    ckpt = layout.get("checkpoint")
-    if ckpt is None:
-        return
-    if not isinstance(ckpt, dict):
-        raise bad("checkpoint", "an object or null")
-    shards = ckpt.get("shards")
-    if not isinstance(shards, dict) or not all(isinstance(d, str) for d in shards.values()):
-        raise CorruptDataError(
-            f"{path}: field checkpoint.shards must be an object of shard manifest digests, "
-            f"got {shards!r}"
-        )
-    if not isinstance(ckpt.get("kind"), str):
-        raise CorruptDataError(f"{path}: field checkpoint.kind must be a string")
 
 
 def _overlapping(placement: Placement, old: int, new: int, m: int) -> list[int]:

@@ -208,7 +208,7 @@ def test_a_publication_manifest_missing_a_field_followers_read_is_refused(
 
 def test_a_sharded_layout_with_a_bad_field_is_corrupt_naming_it(tmp_path: Path) -> None:
     from evdb.distributed import checkpoint as sharded
-    from evdb.distributed.layout import FORMAT, LAYOUT
+    from evdb.distributed.layout import FORMAT, LAYOUT, read_layout
 
     root = tmp_path / "sharded"
     root.mkdir()
@@ -224,6 +224,9 @@ def test_a_sharded_layout_with_a_bad_field_is_corrupt_naming_it(tmp_path: Path) 
         (root / LAYOUT).write_text(json.dumps(layout))
         with pytest.raises(evdb.CorruptDataError, match=f"sharding.json: field {field}"):
             sharded.info(root)
+        # what a sharded database's open reads (evdb.distributed.open) checks the same
+        with pytest.raises(evdb.CorruptDataError, match=f"sharding.json: field {field}"):
+            read_layout(root)
 
 
 def test_an_export_is_refused_as_the_base_of_an_incremental_checkpoint(tmp_path: Path) -> None:
