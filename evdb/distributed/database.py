@@ -32,6 +32,7 @@ from evdb.errors import (
     CorruptDataError,
     DatabaseClosedError,
     EvdbError,
+    InvalidArgumentError,
     ShardLayoutError,
     TableNotFoundError,
 )
@@ -47,10 +48,19 @@ def _check_world(root: Path, layout: dict[str, Any], world: int) -> None:
         )
 
 
-def _plan_open(root: Path, world: int) -> dict[str, Any]:
-    """Rank 0's look at root before anyone opens a shard: the layout to use, and what each
-    rank must find (a new root, a sharded database, or a sharded checkpoint)."""
+def _plan_open(root: Path, world: int, restore: Path | None) -> dict[str, Any]:
+    """Rank 0's look before anyone opens a shard: the layout to use, and what each rank must
+    find (a new root or a sharded database; with ``restore``, a sharded checkpoint to start
+    a new root from)."""
     layout = read_layout(root)
+    if restore is not None:
+        stray = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        if stray:
+            raise InvalidArgumentError(
+                f"root: {root} is not empty (it holds {', '.join(stray[:3])}); restore= starts "
+                "a new sharded database from the checkpoint: pass a missing or empty directory"
+            )
+        return _plan_restore(restore, world)
     if layout is None:
         stray = sorted(p.name for p in root.glob("shard-*")) if root.is_dir() else []
         if stray:
@@ -59,16 +69,27 @@ def _plan_open(root: Path, world: int) -> dict[str, Any]:
                 "checkpoint (its manifest is written last) or not a sharded database"
             )
         return {"format": FORMAT, "world_size": world, "tables": {}}
+    if layout.get("checkpoint") is not None:  # opened for writing, it would be consumed
+        raise InvalidArgumentError(
+            f"root: {root} is a sharded checkpoint; opening it for writing would consume it. "
+            f"Resume from it in a new root: evd.open(new_root, restore={str(root)!r})"
+        )
     _check_world(root, layout, world)
-    checkpoint = layout.get("checkpoint")
-    if checkpoint is not None:
-        for name in checkpoint["shards"]:
-            manifest = root / name / "MANIFEST.json"
-            if not manifest.is_file():
-                raise CorruptDataError(
-                    f"{root / name}: missing, or without its MANIFEST.json (listed in "
-                    f"{root / LAYOUT})"
-                )
+    return layout
+
+
+def _plan_restore(ckpt: Path, world: int) -> dict[str, Any]:
+    layout = read_layout(ckpt)
+    if layout is None or layout.get("checkpoint") is None:
+        raise InvalidArgumentError(
+            f"restore: {ckpt} is not a sharded checkpoint (no {LAYOUT} with its shards)"
+        )
+    _check_world(ckpt, layout, world)
+    for name in layout["checkpoint"]["shards"]:
+        if not (ckpt / name / "MANIFEST.json").is_file():
+            raise CorruptDataError(
+                f"{ckpt / name}: missing, or without its MANIFEST.json (listed in {ckpt / LAYOUT})"
+            )
     return layout
 
 
@@ -80,7 +101,9 @@ class ShardedDatabase:
     must be called alike on every rank.
     """
 
-    def __init__(self, root: Path, group: Any, exchange: Exchange) -> None:
+    def __init__(
+        self, root: Path, group: Any, exchange: Exchange, restore: Path | None = None
+    ) -> None:
         self.root = root
         self.group = group
         self._x = exchange
@@ -90,7 +113,7 @@ class ShardedDatabase:
         plan: Any = None
         if self.rank == 0:
             try:
-                plan = _plan_open(root, self.world_size)
+                plan = _plan_open(root, self.world_size, restore)
             except EvdbError as e:
                 plan = e
         plan = self._x.gather_objects(plan, "open")[0]
@@ -99,12 +122,13 @@ class ShardedDatabase:
         self._layout: dict[str, Any] = plan
         checkpoint = plan.pop("checkpoint", None)
         path = shard_dir(root, self.rank)
-        if checkpoint is not None:  # each rank checks its own shard's manifest first
-            _verify_shard(root, path, checkpoint["shards"].get(path.name))
         error: Any = None
         try:
-            # a sharded checkpoint is resumed where it is, each shard made a database in place
-            self.local: Database = _database.Database(path, _in_place=checkpoint is not None)
+            source = None
+            if restore is not None:  # each rank checks its own shard's manifest first
+                source = shard_dir(restore, self.rank)
+                _verify_shard(restore, source, checkpoint["shards"].get(source.name))
+            self.local: Database = _database.Database(path, restore=source)
         except EvdbError as e:
             error = e
         views = self._x.gather_objects(
@@ -128,8 +152,8 @@ class ShardedDatabase:
         for name, placement in plan["tables"].items():
             p = Placement.from_dict(placement)
             self._tables[name] = ShardedTable(self, self.local.table(name), p, self._x)
-        if self.rank == 0 and (checkpoint is not None or not (root / LAYOUT).exists()):
-            write_json(root / LAYOUT, self._layout)  # a checkpoint opened is a database now
+        if self.rank == 0 and not (root / LAYOUT).exists():
+            write_json(root / LAYOUT, self._layout)  # a new (or restored) sharded database
         self._x.barrier("open")
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -302,10 +326,17 @@ def _verify_shard(root: Path, path: Path, want: str | None) -> None:
         )
 
 
-def open(root: str | os.PathLike[str], process_group: Any = None) -> ShardedDatabase:
+def open(
+    root: str | os.PathLike[str],
+    process_group: Any = None,
+    *,
+    restore: str | os.PathLike[str] | None = None,
+) -> ShardedDatabase:
     """Collective. Open this rank's shard of the sharded database at root (creating it if
-    missing), or resume from a sharded checkpoint there (which becomes a database in place,
-    unlike ``evdb.open``, which restores a checkpoint into a work directory).
+    missing); with ``restore=ckpt``, start root (missing or empty) from a sharded checkpoint
+    written for this many ranks, as ``evdb.open(workdir, restore=ckpt)`` does for one
+    database: each rank restores its own shard, and nothing under ckpt is written. A sharded
+    checkpoint opened as root is refused (it would be consumed), naming ``restore=``.
 
     Parameters
     ----------
@@ -323,6 +354,9 @@ def open(root: str | os.PathLike[str], process_group: Any = None) -> ShardedData
         root was written by another number of ranks (the message gives the reshard command).
     CorruptDataError
         A sharded checkpoint missing a shard or its manifest, or shards that disagree.
+    InvalidArgumentError
+        root is a sharded checkpoint (resume with ``restore=``), or ``restore=`` is not a
+        sharded checkpoint or root is not empty.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise ConfigError(
@@ -333,4 +367,5 @@ def open(root: str | os.PathLike[str], process_group: Any = None) -> ShardedData
     group = dist.new_group(backend="gloo") if process_group is None else process_group
     exchange = Exchange(group)
     exchange.begin("open")
-    return ShardedDatabase(Path(root), group, exchange)
+    source = None if restore is None else Path(restore)
+    return ShardedDatabase(Path(root), group, exchange, source)

@@ -132,7 +132,11 @@ def test_reshard_3_to_2_and_1_resumes_on_that_many_ranks(three_ranks, reference,
         )
         for res in results:
             assert "3 shards" in res["refused"] and "evdb reshard" in res["refused"]
+            assert "restore=" in res["in_place"]
             assert res["len"] == {n: reference[n]["len"] for n in workers.table_options()}
+        for r in range(world):  # resuming wrote nothing under the checkpoint
+            evdb.checkpoint.verify(dest / f"shard-{r:05d}")
+        assert evd.info(dest)["checkpoint"] is not None
 
 
 def test_an_incremental_sharded_checkpoint_resumes_on_as_many_ranks(three_ranks, reference):

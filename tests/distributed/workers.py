@@ -130,21 +130,29 @@ def train(rank: int, world: int, out: Path, placement: str, checkpoint: bool) ->
 
 
 def resume(rank: int, world: int, out: Path, src: str, wrong: str | None) -> dict[str, Any]:
-    """Open a (resharded) checkpoint on this many ranks and dump the shards; first check that
-    a checkpoint for another world size (``wrong``) is refused with the reshard command."""
+    """Resume from a (resharded) checkpoint on this many ranks and dump the shards; first
+    check that a checkpoint for another world size (``wrong``) is refused with the reshard
+    command, and that opening the checkpoint itself for writing is refused (it would be
+    consumed)."""
     refused = None
     if wrong is not None:
         try:
-            evd.open(wrong)
+            evd.open(out / "never", restore=wrong)
         except evdb.ShardLayoutError as e:
             refused = str(e)
         else:
             raise AssertionError("a checkpoint for another world size was opened")
-    db = evd.open(src)
+    try:
+        evd.open(src)
+    except evdb.InvalidArgumentError as e:
+        in_place = str(e)
+    else:
+        raise AssertionError("a sharded checkpoint was opened for writing in place")
+    db = evd.open(out / "root", restore=src)
     dump_records(db, out / f"shard-{rank}.npz")
     lens = {n: len(db.table(n)) for n in db.tables()}
     db.close()
-    return {"refused": refused, "len": lens}
+    return {"refused": refused, "in_place": in_place, "len": lens}
 
 
 def killed(rank: int, world: int, out: Path) -> dict[str, Any]:
