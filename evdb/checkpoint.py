@@ -9,7 +9,8 @@ that were deleted since; its manifest names the base and the base manifest's che
 
 Both are built under a temporary name beside ``dest`` and renamed into place after every file
 and directory is fsynced: a crash leaves either no ``dest`` or a complete one.
-``evdb.open(dest)`` verifies every checksum first and fails naming the damaged file.
+``evdb.open(workdir, restore=dest)`` (and a read-only ``evdb.open(dest)``) verifies every
+checksum first and fails naming the damaged file; nothing opens a checkpoint for writing.
 """
 
 from __future__ import annotations
@@ -403,10 +404,7 @@ def checkpoint(
         base = Path(base).resolve()
         base_manifest = read_manifest(base)
         if base_manifest is None:
-            raise InvalidArgumentError(
-                f"base: {base} is not a checkpoint (no {MANIFEST}; a checkpoint that was "
-                "opened for writing has become a database)"
-            )
+            raise InvalidArgumentError(f"base: {base} is not a checkpoint (no {MANIFEST})")
         if base_manifest["kind"] not in ("full", "incremental"):
             raise InvalidArgumentError(
                 f"base: {base} is an {base_manifest['kind']}, not a checkpoint: an "
