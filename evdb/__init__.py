@@ -24,6 +24,7 @@ from evdb.errors import (
     KeyCollisionError,
     ReadOnlyError,
     ShardLayoutError,
+    StorageError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "Pulled",
     "ReadOnlyError",
     "ShardLayoutError",
+    "StorageError",
     "Table",
     "TableConfig",
     "TableExistsError",

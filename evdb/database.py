@@ -51,6 +51,7 @@ from evdb.errors import (
     DatabaseNotFoundError,
     InvalidArgumentError,
     ReadOnlyError,
+    StorageError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -515,52 +516,84 @@ class Database:
     def flush(self) -> None:
         """Make the current state durable: every dirty row, every table's counters and
         admission state, and the global step. After it returns, a crash loses nothing; a
-        crash before it returns reopens to the previous flush."""
+        crash before it returns reopens to the previous flush.
+
+        An I/O error (a full disk) raises ``StorageError`` and loses nothing: the previous
+        flush stays the durable state, no part of this one is left behind, and every change
+        stays in the database. Once the cause is gone (space freed), calling ``flush`` again
+        completes it; it first resumes the RocksDB that stopped on the error."""
         self._check_writable()
-        self._store.put_meta(self._metadata())
-        self._store.delete_meta([f"table/{n}" for n in self._dropped - self._tables.keys()])
-        self._dropped.clear()
         checkpoints = self.path / CHECKPOINTS
-        checkpoints.mkdir(exist_ok=True)
         number = self._checkpoint + 1
         name = f"{number:010d}"
-        self._store.checkpoint(checkpoints / name)
-        _checkpoint.fsync_path(checkpoints)
-        pointer = {
-            "format": FORMAT,
-            "checkpoint": name,
-            "column_families": self._store.column_families,
-        }
         tmp = self.path / (POINTER + ".tmp")
-        with tmp.open("w") as f:
-            json.dump(pointer, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / POINTER)
-        _checkpoint.fsync_path(self.path)
+        try:
+            self._store.put_meta(self._metadata())
+            self._store.delete_meta([f"table/{n}" for n in self._dropped - self._tables.keys()])
+            self._dropped.clear()
+            checkpoints.mkdir(exist_ok=True)
+            self._store.checkpoint(checkpoints / name)
+            _checkpoint.fsync_path(checkpoints)
+            pointer = {
+                "format": FORMAT,
+                "checkpoint": name,
+                "column_families": self._store.column_families,
+            }
+            with tmp.open("w") as f:
+                json.dump(pointer, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path / POINTER)
+        except OSError as e:  # the new checkpoint is not current: none of it may stay
+            shutil.rmtree(checkpoints / name, ignore_errors=True)
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, StorageError):
+                raise
+            raise StorageError(
+                e.errno, f"{self.path}: flush failed: {e}", e.filename or str(self.path)
+            ) from e
         old = checkpoints / f"{self._checkpoint:010d}"
         self._checkpoint = number
+        _checkpoint.fsync_path(self.path)
         if old.exists():
             shutil.rmtree(old)
 
     def _release(self) -> None:
+        """Close the RocksDB (if open) and let go of the directory's lock: always both, so
+        the path can be opened again in this process (an open that failed midway too)."""
         self._closed = True
-        if self._lock >= 0:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            os.close(self._lock)
-            self._lock = -1
+        store: RocksStore | None = getattr(self, "_store", None)
+        try:
+            if store is not None:
+                store.close()  # (a no-op if closed)
+        finally:
+            if self._lock >= 0:
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+                os.close(self._lock)
+                self._lock = -1
 
     @exclusive
-    def close(self) -> None:
-        """Flush and release the directory. Closing twice is a no-op."""
+    def close(self, *, flush: bool = True) -> None:
+        """Flush and release the directory. Closing twice is a no-op.
+
+        If the final flush meets an I/O error (``StorageError``: a full disk), close raises
+        and the database stays open, with every change and the directory's lock: free space
+        and call ``close()`` again (releasing instead would drop the changes since the last
+        flush). Any other error still closes the database and releases the lock.
+
+        ``flush=False`` closes without flushing: the changes since the last flush are
+        dropped, as a crash would drop them (the way out when no space can be freed)."""
         if self._closed:
             return
         try:
-            if not self.read_only:
+            if flush and not self.read_only:
                 self.flush()
-        finally:
-            self._store.close()
+        except StorageError:
+            raise  # still open, with every change: close() again once space is freed
+        except BaseException:
             self._release()
+            raise
+        self._release()
 
     def __enter__(self) -> Database:
         return self

@@ -71,3 +71,18 @@ class CollectiveError(EvdbError, RuntimeError):
 class ShardLayoutError(EvdbError, ValueError):
     """A sharded database or checkpoint does not fit this job: another world size, or other
     tables or placements than the ranks agree on."""
+
+
+class StorageError(EvdbError, OSError):
+    """The storage under a database, checkpoint, export or publication failed an I/O call:
+    the disk is full (``errno.ENOSPC``), a file cannot be written (``EACCES``, ``EROFS``) or
+    the device fails (``EIO``). ``errno`` says which when it is known, ``filename`` names
+    the path, and the message names both.
+
+    Nothing acknowledged is lost: the call that raised it changed nothing (or, where it says
+    so, part of what it was asked), and the database keeps working once the cause is gone
+    (free space, then call again: ``Database.flush`` and ``Database.close`` resume a RocksDB
+    that stopped on the error). Corruption stays ``CorruptDataError``."""
+
+    def __str__(self) -> str:  # OSError's "[Errno 28] ...: 'path'" buries the message
+        return str(self.strerror if self.strerror is not None else super().__str__())

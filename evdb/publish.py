@@ -72,7 +72,7 @@ from evdb._types import Float32Array, Int64Array
 from evdb.config import DiskConfig, TableConfig
 from evdb.database import CHECKPOINTS, WORKING
 from evdb.database import open as open_database
-from evdb.errors import CorruptDataError, InvalidArgumentError
+from evdb.errors import CorruptDataError, EvdbError, InvalidArgumentError, StorageError
 from evdb.optim import SGD
 from evdb.records import RecordBatch
 
@@ -277,11 +277,20 @@ def write_publication(
             "publication": entry,
         }
         _checkpoint._finish(tmp, dest, manifest)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        _raise_storage_error(root, e)
         raise
-    digest = _checkpoint.file_digest(dest / _checkpoint.MANIFEST)
-    _write_head(root, {"format": FORMAT, "seq": seq, "full": entry["full"]}, entry)
+    try:
+        digest = _checkpoint.file_digest(dest / _checkpoint.MANIFEST)
+        _write_head(root, {"format": FORMAT, "seq": seq, "full": entry["full"]}, entry)
+    except BaseException as e:  # HEAD not moved: the publication must not stay behind
+        (root / (HEAD + ".tmp")).unlink(missing_ok=True)
+        current = read_head(root)
+        if current is None or int(current["seq"]) != seq:
+            shutil.rmtree(dest, ignore_errors=True)
+        _raise_storage_error(root, e)
+        raise
     n_bytes = sum(int(f["size"]) for f in manifest["files"].values())
     return Written(seq, entry["kind"], entry["full"], rows, removed, n_bytes, digest)
 
@@ -315,6 +324,16 @@ def _full_reason(
     if state.rows_since_full + pending > max(REBASE_FRACTION * live, REBASE_MIN_ROWS):
         return "the deltas since the last full add up to more than half the rows (rebase)"
     return None
+
+
+def _raise_storage_error(root: Path, e: BaseException) -> None:
+    """An OSError of the file system (a full disk) raised as a ``StorageError`` naming
+    root; any other error is the caller's to raise."""
+    if isinstance(e, OSError) and not isinstance(e, EvdbError):
+        why = e.strerror or str(e)
+        raise StorageError(
+            e.errno, f"{root}: publication failed: {why}", str(e.filename or root)
+        ) from e
 
 
 def _write_head(root: Path, head: dict[str, Any], entry: dict[str, Any]) -> None:
@@ -398,7 +417,8 @@ def write_full_rows(
     ranks each give theirs), each row keeping its ``last_step`` (a TTL table's rows expire on
     the server at the trainer's step); then only its checkpoint stays. Returns (rows, 0)."""
     total = 0
-    with open_database(tmp) as out:
+    out = open_database(tmp)
+    try:
         out.advance(step)
         for name, (config, chunks) in sources.items():
             new = out.create_table(
@@ -428,6 +448,9 @@ def write_full_rows(
                 rows += m
             entries[name] = {**_table_entry(config), "rows": rows, "removed": 0}
             total += rows
+        out.close()
+    finally:
+        out.close(flush=False)  # after a failure (a full disk): tmp goes, so none of it stays
     (tmp / "LOCK").unlink()
     shutil.rmtree(tmp / WORKING)
     if not any((tmp / CHECKPOINTS).iterdir()):

@@ -52,6 +52,7 @@ Exit codes:
      InvalidType, Config, TableExists errors)
   3  verification failed or data corrupt (evdb.CorruptDataError)
   4  not found: a missing path or file, an unknown table
+  5  I/O error: the disk is full or cannot be written (evdb.StorageError, an OSError)
 """
 
 _PathArg = click.Path(path_type=Path)
@@ -65,6 +66,8 @@ def exit_code(error: BaseException) -> int | None:
         return 3
     if isinstance(error, (evdb.TableNotFoundError, FileNotFoundError)):
         return 4
+    if isinstance(error, OSError):  # evdb.StorageError, or a write of the command's own
+        return 5
     if isinstance(
         error,
         (

@@ -43,7 +43,13 @@ from evdb import checkpoint as _checkpoint
 from evdb.config import DiskConfig
 from evdb.database import CHECKPOINTS, WORKING, Database
 from evdb.database import open as open_database
-from evdb.errors import ConfigError, CorruptDataError, InvalidArgumentError, InvalidTypeError
+from evdb.errors import (
+    ConfigError,
+    CorruptDataError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    StorageError,
+)
 from evdb.io.vectors import write_vectors
 from evdb.optim import SGD
 
@@ -175,8 +181,11 @@ def export(
                 for t in selected:
                     _write_file(job, t, format, entries[t.name], db.step)
             _checkpoint._finish(tmp, dest, manifest)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):  # disk full
+                why = e.strerror or str(e)  # (a StorageError's names the temporary dest)
+                raise StorageError(e.errno, f"dest: {dest}: export failed: {why}", str(dest)) from e
             raise
     finally:
         if db is not db_or_path:
@@ -444,7 +453,8 @@ def _write_serving(
     """A new database of the live rows, flushed and closed; then only its checkpoint stays
     (read-only opens serve ``checkpoints/``): not the working copy, not the lock file."""
     tmp = job.tmp
-    with open_database(tmp) as out:
+    out = open_database(tmp)
+    try:
         out.advance(step)  # rows get last_step = the source's step
         for t in selected:
             entry = entries[t.name]
@@ -471,6 +481,9 @@ def _write_serving(
                     new.upsert([s for s in strings if s is not None], values[known])
                 if not known.all():
                     new.upsert(keys[~known], values[~known])
+        out.close()
+    finally:
+        out.close(flush=False)  # after a failure (a full disk): tmp goes, so none of it stays
     (tmp / "LOCK").unlink()
     shutil.rmtree(tmp / WORKING)
     (checkpoint,) = (tmp / CHECKPOINTS).iterdir()

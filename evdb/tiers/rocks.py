@@ -18,11 +18,14 @@ between two flushes can leak into the state a crash reopens to.
 from __future__ import annotations
 
 import collections
+import contextlib
+import errno
 import fcntl
 import itertools
 import os
 import shutil
 import tempfile
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +36,7 @@ import numpy as np
 import rocksdict
 
 from evdb._types import BoolArray, Int64Array
-from evdb.errors import CorruptDataError
+from evdb.errors import CorruptDataError, EvdbError, StorageError
 from evdb.records import RecordBatch, record_dtype
 from evdb.tiers.base import Tier
 from evdb.tiers.keyfilter import KeyFilter
@@ -62,6 +65,41 @@ _VALUE = {"float32": "<f4", "float16": "<f2"}  # record_dtype's value type per d
 # family, at most two memtables (the budget README's "Memory" section states).
 BLOCK_CACHE_BYTES = 32 << 20
 WRITE_BUFFER_BYTES = 16 << 20
+
+
+# The errno of an I/O error RocksDB reports as text (rocksdict raises a plain Exception).
+_ERRNOS = {
+    "No space left on device": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT,
+    "Permission denied": errno.EACCES,
+    "Read-only file system": errno.EROFS,
+    "Input/output error": errno.EIO,
+    "Too many open files": errno.EMFILE,
+}
+# Entries a column family's write log keeps before it is cut to what RocksDB's memtables still
+# hold (see RocksStore._log_write): bounds the log's memory between two flushes.
+_LOG_TRIM = 1 << 18
+
+
+def rocks_error(path: Path, what: str, error: BaseException) -> EvdbError:
+    """The evdb error for an exception of rocksdict (a plain Exception whose text is RocksDB's
+    status, or an OSError of its own file calls): an I/O error is a ``StorageError`` (an
+    OSError naming path and errno), anything else (corruption, a missing file, a bad
+    argument) a ``CorruptDataError``."""
+    text = " ".join(str(error).split())
+    if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+        code: int | None = error.errno
+    elif "No such file or directory" in text or text.startswith("Corruption"):
+        return CorruptDataError(f"{path}: {what} ({text})")
+    elif text.startswith("IO error") or any(phrase in text for phrase in _ERRNOS):
+        # (rocksdict's own file calls say "No space left on device (os error 28)")
+        code = next((n for phrase, n in _ERRNOS.items() if phrase in text), None)
+    else:
+        return CorruptDataError(f"{path}: {what} ({text})")
+    advice = ""
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        advice = "; free space and call again (flush() or close() resume the database)"
+    return StorageError(code, f"{path}: {what}: {text}{advice}", str(path))
 
 
 def encode_keys(keys: Int64Array) -> list[bytes]:
@@ -250,14 +288,24 @@ class RocksStore:
                 },
                 access_type=access,
             )
-        except Exception as e:  # rocksdict raises plain Exception for corruption
+        except Exception as e:  # rocksdict raises plain Exception for corruption and I/O
             self._remove_shadow()
-            raise CorruptDataError(f"{self.path}: RocksDB cannot open ({e})") from e
+            raise rocks_error(self.path, "RocksDB cannot open", e) from e
         self._write = rocksdict.WriteOptions()
         # (a property at runtime, though rocksdict's stubs declare a method)
         setattr(self._write, "disable_wal", True)  # noqa: B010
+        setattr(self._write, "no_slowdown", True)  # noqa: B010 (see _write_batch)
         self._handles: dict[str, rocksdict.Rdict] = {}  # each pins the DB until closed
         self._reader: ThreadPoolExecutor | None = None  # prefetches' thread, made on first use
+        # Writes skip the WAL, so what RocksDB's memtables hold exists nowhere else until they
+        # are flushed: per column family ("default": metadata), the keys of the writes they
+        # may still hold, oldest first (see _log_write), which _recover copies over.
+        self._log: dict[str, list[list[bytes]]] = {}
+        self._log_rows: dict[str, int] = {}
+        self._failed: StorageError | None = None  # the I/O error that stopped RocksDB
+        self._mmap_reads = mmap_reads
+        self._closed = False
+        self._moved = False  # _recover moved a complete working copy in but could not open it
 
     # -- reads on a background thread -----------------------------------------------------
     def read_later(self, read: Callable[[], Any]) -> Future[Any]:
@@ -275,9 +323,14 @@ class RocksStore:
 
     # -- column families ------------------------------------------------------------------
     def column_family(self, name: str, compression: Compression) -> rocksdict.Rdict:
-        """The column family called name, created (empty) if missing."""
+        """The column family called name, created (empty) if missing. Callers ask for it at
+        each use and keep no handle: ``_recover`` replaces them all."""
         if name not in self._compression:
-            self.db.create_column_family(name, _options(compression, self._cache))
+            self._resume()
+            try:
+                self.db.create_column_family(name, _options(compression, self._cache))
+            except Exception as e:
+                raise self._error("RocksDB cannot create a column family", e) from e
             self._compression[name] = compression
         if name not in self._handles:
             self._handles[name] = self.db.get_column_family(name)
@@ -286,53 +339,270 @@ class RocksStore:
     def drop_column_family(self, name: str) -> None:
         if name in self._compression:
             self._wait_for_reads()
+            self._resume()
             handle = self._handles.pop(name, None)
             if handle is not None:
                 handle.close()
-            self.db.drop_column_family(name)
+            try:
+                self.db.drop_column_family(name)
+            except Exception as e:
+                raise self._error("RocksDB cannot drop a column family", e) from e
             del self._compression[name]
+            self._log.pop(name, None)
+            self._log_rows.pop(name, None)
 
     @property
     def column_families(self) -> dict[str, Compression]:
         return dict(self._compression)
 
     def write_rows(self, name: str, keys: list[bytes], values: list[bytes] | None) -> None:
-        """Put (or, with values None, delete) rows of a column family, in write batches."""
-        handle = self.db.get_column_family_handle(name)
+        """Put (or, with values None, delete) rows of a column family, in write batches of
+        ``_WRITE_CHUNK`` rows. Up to that many rows are written whole or not at all; a
+        ``StorageError`` after more says how many were written (the first ones)."""
+        self._resume()
+        self._log_write(name, keys)
         for start in range(0, len(keys), _WRITE_CHUNK):
-            batch = rocksdict.WriteBatch(raw_mode=True)
-            batch.set_default_column_family(handle)
-            chunk = keys[start : start + _WRITE_CHUNK]
-            if values is None:  # deque(map(...)) runs the calls in C, not a Python loop
-                collections.deque(map(batch.delete, chunk), maxlen=0)
-            else:
-                collections.deque(
-                    map(batch.put, chunk, values[start : start + _WRITE_CHUNK]), maxlen=0
-                )
-            self.db.write(batch, self._write)
+
+            def batch(start: int = start) -> rocksdict.WriteBatch:
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                batch.set_default_column_family(self.db.get_column_family_handle(name))
+                chunk = keys[start : start + _WRITE_CHUNK]
+                if values is None:  # deque(map(...)) runs the calls in C, not a Python loop
+                    collections.deque(map(batch.delete, chunk), maxlen=0)
+                else:
+                    collections.deque(
+                        map(batch.put, chunk, values[start : start + _WRITE_CHUNK]), maxlen=0
+                    )
+                return batch
+
+            done = f" ({start} of {len(keys)} rows written)" if start else ""
+            self._write_batch(batch, f"RocksDB write failed{done}")
 
     # -- metadata (default column family) -------------------------------------------------
     def put_meta(self, items: dict[str, bytes]) -> None:
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for key, value in items.items():
-            batch.put(key.encode(), value)
-        self.db.write(batch, self._write)
+        self._write_meta([(key.encode(), value) for key, value in items.items()])
 
     def get_meta(self, key: str) -> bytes | None:
         value = self.db.get(key.encode())
         return None if value is None else bytes(value)
 
     def delete_meta(self, keys: list[str]) -> None:
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for key in keys:
-            batch.delete(key.encode())
-        self.db.write(batch, self._write)
+        self._write_meta([(key.encode(), None) for key in keys])
+
+    def _write_meta(self, items: list[tuple[bytes, bytes | None]]) -> None:
+        """One write batch of puts (and, where the value is None, deletes): all or nothing."""
+        self._resume()
+        self._log_write("default", [key for key, _ in items])
+
+        def batch() -> rocksdict.WriteBatch:
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for key, value in items:
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+            return batch
+
+        self._write_batch(batch, "RocksDB metadata write failed")
+
+    def _write_batch(self, batch: Callable[[], rocksdict.WriteBatch], what: str) -> None:
+        """Write ``batch()`` (made again for each try: a write consumes it). A write that
+        RocksDB would stall (it waits for a background flush or compaction) fails at once
+        instead (``no_slowdown``) and is tried again once the stall is over, unless a
+        background job failed meanwhile: on a full disk RocksDB retries its flush, and would
+        keep the writer waiting, until space is freed; this raises ``StorageError``."""
+        while True:
+            try:
+                self.db.write(batch(), self._write)
+                return
+            except Exception as e:
+                if "Write stall" not in str(e):  # RocksDB's "Result incomplete: Write stall"
+                    raise self._error(what, e) from e
+            self._wait_out_stall(what)
+
+    def _wait_out_stall(self, what: str) -> None:
+        def prop(name: str) -> int:
+            return self.db.property_int_value(f"rocksdb.{name}") or 0
+
+        errors = prop("background-errors")
+        delay = 0.001
+        while True:  # bounded: the stall ends, or a background job fails (every second)
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+            if prop("background-errors") > errors:
+                st = os.statvfs(self.path)
+                full = st.f_bavail * st.f_frsize < 2 * WRITE_BUFFER_BYTES
+                why = "No space left on device" if full else "a background job failed"
+                self._failed = StorageError(
+                    errno.ENOSPC if full else errno.EIO,
+                    f"{self.path}: {what}: RocksDB stalled writes and its background flush "
+                    f"failed ({why}); free space and call again (flush() or close() resume "
+                    "the database)",
+                    str(self.path),
+                )
+                raise self._failed
+            if not (prop("is-write-stopped") or prop("actual-delayed-write-rate")):
+                return
 
     # -- durability -----------------------------------------------------------------------
     def checkpoint(self, dest: Path) -> None:
         """Flush the memtables and hard-link a consistent copy of every column family into
-        dest (which must not exist). RocksDB builds it under a temporary name and renames it."""
-        rocksdict.Checkpoint(self.db).create_checkpoint(str(dest))
+        dest (which must not exist). RocksDB builds it under a temporary name and renames it;
+        on an error, the temporary directory is removed (dest, if RocksDB renamed it before
+        failing, is the caller's to remove)."""
+        self._resume()
+        try:
+            rocksdict.Checkpoint(self.db).create_checkpoint(str(dest))
+        except Exception as e:
+            shutil.rmtree(dest.with_name(dest.name + ".tmp"), ignore_errors=True)
+            raise self._error(f"RocksDB checkpoint {dest} failed", e) from e
+        self._log.clear()  # the checkpoint flushed every memtable: nothing left to lose
+        self._log_rows.clear()
+
+    # -- I/O errors and recovery ----------------------------------------------------------
+    def _error(self, what: str, e: BaseException) -> EvdbError:
+        """The evdb error for a failed RocksDB call; an I/O error also marks the store as
+        stopped, so the next write first tries ``_resume``."""
+        error = rocks_error(self.path, what, e)
+        if isinstance(error, StorageError):
+            self._failed = error
+        return error
+
+    def _log_write(self, name: str, keys: list[bytes]) -> None:
+        """Note the keys of a write (before it is tried: a failed one may be applied)."""
+        if self.read_only:
+            return
+        self._log.setdefault(name, []).append(keys)
+        rows = self._log_rows.get(name, 0) + len(keys)
+        if rows > _LOG_TRIM:  # cut the log to the writes the memtables may still hold
+            handle = self.db if name == "default" else self.column_family(name, "none")
+            held = sum(
+                handle.property_int_value(f"rocksdb.num-entries-{which}") or 0
+                for which in ("active-mem-table", "imm-mem-tables")
+            )
+            log = self._log[name]
+            while len(log) > 1 and rows - len(log[0]) >= held:
+                rows -= len(log.pop(0))
+        self._log_rows[name] = rows
+
+    def _resume(self) -> None:
+        """Make a store that an I/O error stopped writable again, or raise ``StorageError``.
+
+        RocksDB stops writing after a failed background flush (a full disk) and rocksdict
+        cannot resume it. If a probe write still fails, ``_recover`` moves the working copy
+        to a fresh RocksDB, changing nothing if it fails too."""
+        if self._failed is None:
+            return
+        if self._moved:  # the working copy is complete on disk: only open it
+            self.db = self._open_db()
+            self._moved = False
+            self._failed = None
+            return
+        try:
+            probe = rocksdict.WriteBatch(raw_mode=True)
+            probe.delete(b"evdb.probe")
+            self.db.write(probe, self._write)  # refused while stopped, or stalled
+        except Exception:
+            self._recover()
+        self._failed = None
+
+    def _recover(self) -> None:
+        """Rebuild the working copy from what is on disk plus what the memtables hold.
+
+        The stopped RocksDB still reads. Its files on disk are hard-linked into a sibling
+        directory, where a second RocksDB opens them (the state of its last completed
+        background flush); every key of the write log (the writes its memtables may hold)
+        is copied over from the stopped one, put or deleted as it reads there, and flushed.
+        Only then is the stopped one closed and the new copy moved in its place. Any error
+        before that leaves the stopped store as it was and raises ``StorageError``."""
+        assert self._failed is not None
+        fresh = self.path.with_name(self.path.name + ".tmp")  # what restore() clears too
+        try:
+            self.db.cancel_all_background(True)
+            shutil.rmtree(fresh, ignore_errors=True)
+            link_or_copy_tree(self.path, fresh)
+            self._copy_log(fresh)
+        except BaseException as e:
+            shutil.rmtree(fresh, ignore_errors=True)
+            if isinstance(e, EvdbError):
+                raise
+            if isinstance(e, Exception):
+                raise self._error("RocksDB cannot resume after an I/O error", e) from e
+            raise
+        self._close_db()
+        self._log.clear()  # fresh holds it all, flushed
+        self._log_rows.clear()
+        self._moved = True
+        shutil.rmtree(self.path)  # (a crash now: the open recreates it from the checkpoint)
+        os.replace(fresh, self.path)
+        self.db = self._open_db()
+        self._moved = False
+
+    def _copy_log(self, fresh: Path) -> None:
+        """Open fresh, copy into it every logged key's row from the stopped RocksDB, flush
+        each column family and close it; raises if any step fails."""
+        db = rocksdict.Rdict(
+            str(fresh),
+            _options("none", self._cache),
+            column_families={n: _options(c, self._cache) for n, c in self._compression.items()},
+        )
+        handles: list[rocksdict.Rdict] = []
+        try:
+            for name in ["default", *self._compression]:
+                if name == "default":
+                    src, dst = self.db, db
+                else:
+                    src, dst = self.db.get_column_family(name), db.get_column_family(name)
+                    handles += [src, dst]
+                log = self._log.get(name, [])
+                if name == "default":  # metadata: a few names of any length
+                    keys: list[Any] = sorted(set(itertools.chain(*log)))
+                else:  # rows: 8-byte keys, millions maybe
+                    rows = np.frombuffer(b"".join(itertools.chain(*log)), dtype="V8")
+                    keys = np.unique(rows).tolist()
+                target = dst.get_column_family_handle(name) if name != "default" else None
+                for start in range(0, len(keys), _WRITE_CHUNK):
+                    chunk = keys[start : start + _WRITE_CHUNK]
+                    batch = rocksdict.WriteBatch(raw_mode=True)
+                    if target is not None:
+                        batch.set_default_column_family(target)
+                    got: list[Any] = src.get(chunk) or []
+                    for key, value in zip(chunk, got, strict=True):
+                        if value is None:
+                            batch.delete(key)
+                        else:
+                            batch.put(key, value)
+                    db.write(batch, self._write)
+                dst.flush()
+        finally:
+            for handle in handles:
+                with contextlib.suppress(Exception):
+                    handle.close()
+            del handles
+            db.close()
+
+    def _open_db(self) -> rocksdict.Rdict:
+        try:
+            return rocksdict.Rdict(
+                str(self.path),
+                _options("none", self._cache, self._mmap_reads),
+                column_families={
+                    name: _options(c, self._cache) for name, c in self._compression.items()
+                },
+            )
+        except Exception as e:
+            raise self._error("RocksDB cannot reopen after an I/O error", e) from e
+
+    def _close_db(self) -> None:
+        """Close the RocksDB and every handle on it; errors are the caller's to judge (a
+        stopped RocksDB fails its final flush, which loses nothing that _recover copied)."""
+        handles, self._handles = list(self._handles.values()), {}
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                handle.close()
+        del handles
+        with contextlib.suppress(Exception):
+            self.db.close()
 
     @staticmethod
     def restore(checkpoint: Path, dest: Path) -> None:
@@ -347,12 +617,23 @@ class RocksStore:
         os.replace(tmp, dest)
 
     def close(self) -> None:
+        """Close RocksDB and every handle; a second call does nothing. It lets go of all
+        of them even when RocksDB's final flush fails, and raises that error after."""
+        if self._closed:
+            return
+        self._closed = True
         self._wait_for_reads()
-        for handle in self._handles.values():
-            handle.close()
-        self._handles.clear()
-        self.db.close()
+        error: BaseException | None = None
+        handles, self._handles = list(self._handles.values()), {}
+        for handle in [*handles, self.db]:
+            try:
+                handle.close()
+            except Exception as e:  # rocksdict drops the handle even when its flush fails
+                error = error or e
+        del handles
         self._remove_shadow()
+        if error is not None and not self._moved and self._failed is None:
+            raise rocks_error(self.path, "RocksDB close failed", error) from error
 
     def _remove_shadow(self) -> None:
         if self._shadow_cleanup is not None:
@@ -396,7 +677,12 @@ class RocksStrings:
     def __init__(self, store: RocksStore, column_family: str) -> None:
         self.store = store
         self.column_family = column_family
-        self.cf = store.column_family(column_family, "none")
+        store.column_family(column_family, "none")
+
+    @property
+    def cf(self) -> rocksdict.Rdict:
+        """The column family's handle, asked for at each use (a recovery replaces it)."""
+        return self.store.column_family(self.column_family, "none")
 
     def get(self, keys: Int64Array) -> list[str | None]:
         if keys.shape[0] == 0:
@@ -413,15 +699,16 @@ class RocksStrings:
 
     def scan_keys(self, chunk_rows: int) -> Iterator[Int64Array]:
         """Every key that has a string, in key order, a chunk at a time."""
-        return scan_keys(self.cf, chunk_rows)
+        return scan_keys(lambda: self.cf, chunk_rows)
 
 
-def scan_keys(cf: rocksdict.Rdict, chunk_rows: int) -> Iterator[Int64Array]:
-    """The keys of a column family, in key order, a chunk at a time, without their values;
-    a fresh iterator per chunk (an open one would pin the database)."""
+def scan_keys(cf: Callable[[], rocksdict.Rdict], chunk_rows: int) -> Iterator[Int64Array]:
+    """The keys of a column family (whose handle ``cf()`` gives), in key order, a chunk at a
+    time, without their values; a fresh handle and iterator per chunk (an open one would
+    pin the database)."""
     start: bytes | None = None
     while True:
-        it = cf.keys(from_key=start)
+        it = cf().keys(from_key=start)
         chunk: list[Any] = list(itertools.islice(it, chunk_rows + (start is not None)))
         del it
         if start is not None and chunk and chunk[0] == start:
@@ -485,7 +772,8 @@ class RocksTier(Tier):
     ) -> None:
         self.store = store
         self.column_family = column_family
-        self.cf = store.column_family(column_family, compression)
+        self.compression = compression
+        store.column_family(column_family, compression)
         self.dim = dim
         self.n_slots = n_slots
         self.dtype = dtype
@@ -503,6 +791,11 @@ class RocksTier(Tier):
             "read_ahead": 0,  # keys prefetch read
             "read_ahead_used": 0,  # keys a get took from a read ahead instead of reading
         }
+
+    @property
+    def cf(self) -> rocksdict.Rdict:
+        """The column family's handle, asked for at each use (a recovery replaces it)."""
+        return self.store.column_family(self.column_family, self.compression)
 
     # -- capabilities ---------------------------------------------------------------------
     @property
@@ -628,7 +921,7 @@ class RocksTier(Tier):
 
     def scan_keys(self, chunk_rows: int) -> Iterator[Int64Array]:
         """The stored keys in key order, without reading the records."""
-        return scan_keys(self.cf, chunk_rows)
+        return scan_keys(lambda: self.cf, chunk_rows)
 
     def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
         """Rows in key order, a chunk at a time. Each chunk is read by a fresh iterator that
