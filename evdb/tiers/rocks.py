@@ -76,9 +76,9 @@ _ERRNOS = {
     "Input/output error": errno.EIO,
     "Too many open files": errno.EMFILE,
 }
-# Entries a column family's write log keeps before it is cut to what RocksDB's memtables still
-# hold (see RocksStore._log_write): bounds the log's memory between two flushes.
-_LOG_TRIM = 1 << 18
+# Keys a column family's write log takes, beyond twice its distinct keys, before they are
+# merged into one array of distinct keys (see RocksStore._log_write).
+_LOG_COMPACT = 1 << 18
 
 
 def rocks_error(path: Path, what: str, error: BaseException) -> EvdbError:
@@ -100,6 +100,12 @@ def rocks_error(path: Path, what: str, error: BaseException) -> EvdbError:
     if code in (errno.ENOSPC, errno.EDQUOT):
         advice = "; free space and call again (flush() or close() resume the database)"
     return StorageError(code, f"{path}: {what}: {text}{advice}", str(path))
+
+
+def _distinct_keys(log: list[Any]) -> np.ndarray:
+    """The distinct 8-byte keys of a write log (lists of keys, or arrays of them), sorted."""
+    parts = [p if isinstance(p, np.ndarray) else np.frombuffer(b"".join(p), "V8") for p in log]
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, "V8")
 
 
 def encode_keys(keys: Int64Array) -> list[bytes]:
@@ -300,7 +306,7 @@ class RocksStore:
         # Writes skip the WAL, so what RocksDB's memtables hold exists nowhere else until they
         # are flushed: per column family ("default": metadata), the keys of the writes they
         # may still hold, oldest first (see _log_write), which _recover copies over.
-        self._log: dict[str, list[list[bytes]]] = {}
+        self._log: dict[str, list[Any]] = {}  # lists of keys, or arrays of distinct ones
         self._log_rows: dict[str, int] = {}
         self._failed: StorageError | None = None  # the I/O error that stopped RocksDB
         self._mmap_reads = mmap_reads
@@ -469,20 +475,23 @@ class RocksStore:
         return error
 
     def _log_write(self, name: str, keys: list[bytes]) -> None:
-        """Note the keys of a write (before it is tried: a failed one may be applied)."""
+        """Note the keys of a write (before it is tried: a failed one may be applied).
+
+        The log keeps every key written since the last checkpoint, which flushes the
+        memtables and clears it. (What the memtables hold is not the only thing to keep: a
+        flush that RocksDB installed but failed to record on disk is lost to a reopen too.)
+        A table's log is merged into one array of distinct keys as it grows: its memory is
+        8 bytes per distinct key written since the last flush, plus at most ``_LOG_COMPACT``
+        keys as they came."""
         if self.read_only:
             return
-        self._log.setdefault(name, []).append(keys)
+        log = self._log.setdefault(name, [])
+        log.append(keys)
         rows = self._log_rows.get(name, 0) + len(keys)
-        if rows > _LOG_TRIM:  # cut the log to the writes the memtables may still hold
-            handle = self.db if name == "default" else self.column_family(name, "none")
-            held = sum(
-                handle.property_int_value(f"rocksdb.num-entries-{which}") or 0
-                for which in ("active-mem-table", "imm-mem-tables")
-            )
-            log = self._log[name]
-            while len(log) > 1 and rows - len(log[0]) >= held:
-                rows -= len(log.pop(0))
+        distinct = log[0].shape[0] if isinstance(log[0], np.ndarray) else 0
+        if name != "default" and rows > 2 * distinct + _LOG_COMPACT:
+            log[:] = [_distinct_keys(log)]
+            rows = log[0].shape[0]
         self._log_rows[name] = rows
 
     def _resume(self) -> None:
@@ -558,8 +567,7 @@ class RocksStore:
                 if name == "default":  # metadata: a few names of any length
                     keys: list[Any] = sorted(set(itertools.chain(*log)))
                 else:  # rows: 8-byte keys, millions maybe
-                    rows = np.frombuffer(b"".join(itertools.chain(*log)), dtype="V8")
-                    keys = np.unique(rows).tolist()
+                    keys = _distinct_keys(log).tolist()
                 target = dst.get_column_family_handle(name) if name != "default" else None
                 for start in range(0, len(keys), _WRITE_CHUNK):
                     chunk = keys[start : start + _WRITE_CHUNK]
