@@ -103,9 +103,15 @@ def rocks_error(path: Path, what: str, error: BaseException) -> EvdbError:
 
 
 def _distinct_keys(log: list[Any]) -> np.ndarray:
-    """The distinct 8-byte keys of a write log (lists of keys, or arrays of them), sorted."""
-    parts = [p if isinstance(p, np.ndarray) else np.frombuffer(b"".join(p), "V8") for p in log]
-    return np.unique(np.concatenate(parts)) if parts else np.empty(0, "V8")
+    """The distinct 8-byte keys of a write log (lists of keys, or arrays of them), sorted,
+    as the numbers they spell big-endian (native uint64: sorting them is fast)."""
+    parts = [
+        p if isinstance(p, np.ndarray) else np.frombuffer(b"".join(p), ">u8").astype(np.uint64)
+        for p in log
+    ]
+    keys = np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+    # (not np.unique: numpy 2.4's hashes, 10x slower than a sort here)
+    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if keys.shape[0] else keys
 
 
 def encode_keys(keys: Int64Array) -> list[bytes]:
@@ -567,7 +573,7 @@ class RocksStore:
                 if name == "default":  # metadata: a few names of any length
                     keys: list[Any] = sorted(set(itertools.chain(*log)))
                 else:  # rows: 8-byte keys, millions maybe
-                    keys = _distinct_keys(log).tolist()
+                    keys = _distinct_keys(log).astype(">u8").view("V8").tolist()  # bytes again
                 target = dst.get_column_family_handle(name) if name != "default" else None
                 for start in range(0, len(keys), _WRITE_CHUNK):
                     chunk = keys[start : start + _WRITE_CHUNK]
