@@ -681,7 +681,7 @@ class RocksStore:
             for name in names:
                 self.column_family(name, self._compression[name]).compact_range(None, None, opts)
         except Exception as e:  # rocksdict raises plain Exception for I/O and corruption
-            raise CorruptDataError(f"{self.path}: RocksDB manual compaction failed ({e})") from e
+            raise self._error("RocksDB manual compaction failed", e) from e
 
 
 class RocksStrings:

@@ -252,7 +252,10 @@ def test_export_to_a_full_disk_raises_storage_error_and_leaves_nothing(
     assert evdb.export(tmp_path / "db", dest, format=format)["tables"]["t"]["rows"] == 20_000
 
 
-def test_cli_export_to_a_full_disk_exits_5_with_one_line(small_disk: Disk, tmp_path: Path) -> None:
+@pytest.mark.parametrize("format", ["npz", "serving"])  # serving exited 3, "data corrupt"
+def test_cli_export_to_a_full_disk_exits_5_with_one_line(
+    small_disk: Disk, tmp_path: Path, format: str
+) -> None:
     from click.testing import CliRunner
 
     from evdb.tools.cli import cli
@@ -261,7 +264,7 @@ def test_cli_export_to_a_full_disk_exits_5_with_one_line(small_disk: Disk, tmp_p
         db.create_table("t", dim=DIM).upsert(np.arange(20_000), np.ones((20_000, DIM)))
     small_disk.fill(leave=64 << 10)
     done = CliRunner().invoke(
-        cli, ["export", str(tmp_path / "db"), str(small_disk.root / "out"), "--format", "npz"]
+        cli, ["export", str(tmp_path / "db"), str(small_disk.root / "out"), "--format", format]
     )
     assert done.exit_code == 5, done.output
     lines = done.output.strip().splitlines()
