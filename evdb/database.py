@@ -75,7 +75,6 @@ CHECKPOINTS = "checkpoints"
 _CHECKPOINT_NAME = re.compile(r"[0-9]{10}(\.tmp)?")
 # evdb's own entries of a database directory, which it deletes, truncates or rewrites
 _INTERNAL = (CHECKPOINTS, WORKING, WORKING + ".tmp", POINTER + ".tmp", "LOCK")
-_INTERNAL_IN_PLACE = ("delta", "metadata.npz", "MANIFEST.json")  # a checkpoint made a database
 _SNAPSHOT_TRIES = 50  # read-only opens: checkpoints a writer may remove under one open
 
 
@@ -134,7 +133,6 @@ class Database:
         cache_rows: int | None = None,
         mmap_reads: bool = False,
         restore: str | os.PathLike[str] | None = None,
-        _in_place: bool = False,
     ) -> None:
         self.path = Path(path)
         self.read_only = read_only
@@ -163,8 +161,7 @@ class Database:
             if not (self.path / POINTER).exists():
                 raise DatabaseNotFoundError(f"path: {self.path} holds no evdb database")
         else:
-            if not _in_place:
-                self._refuse_checkpoint()  # before the LOCK file: not a byte written there
+            self._refuse_checkpoint()  # before the LOCK file: not a byte written there
             if source is not None:
                 self._require_empty()
             _refuse_links(self.path)
@@ -181,22 +178,17 @@ class Database:
                 self._load()
                 self.flush()  # the work directory is a database from now on
                 return
-            manifest = _checkpoint.read_manifest(self.path)
+            manifest = _checkpoint.read_manifest(self.path)  # None when writable (refused)
             if manifest is not None and verify:
                 _checkpoint.verify(self.path)
             if manifest is not None and manifest["kind"] == "incremental":
-                if read_only:
-                    raise ReadOnlyError(
-                        f"path: {self.path} is an incremental checkpoint, which cannot be served "
-                        f"as it is; restore it into a work directory first: "
-                        f"evdb.open(workdir, restore={str(self.path)!r})"
-                    )
-                self._store = self._materialize(self.path)
-            else:
-                self._store = self._open_store()
+                raise ReadOnlyError(
+                    f"path: {self.path} is an incremental checkpoint, which cannot be served "
+                    f"as it is; restore it into a work directory first: "
+                    f"evdb.open(workdir, restore={str(self.path)!r})"
+                )
+            self._store = self._open_store()
             self._load()
-            if manifest is not None and not read_only:
-                self._become_database()
         except BaseException:
             if source is not None:
                 self._undo_restore(created)
@@ -502,16 +494,6 @@ class Database:
             store.put_meta(meta)
         return store
 
-    def _become_database(self) -> None:
-        """A checkpoint opened for writing in place (``_in_place``: a sharded checkpoint's
-        shard, which ``evdb.distributed.open`` resumes where it is) is a database from now
-        on: flush its state into the usual layout and drop what only the checkpoint
-        needed."""
-        self.flush()
-        (self.path / _checkpoint.MANIFEST).unlink()
-        shutil.rmtree(self.path / _checkpoint.DELTA, ignore_errors=True)
-        (self.path / "metadata.npz").unlink(missing_ok=True)
-
     @exclusive
     def flush(self) -> None:
         """Make the current state durable: every dirty row, every table's counters and
@@ -743,7 +725,7 @@ def _refuse_link(root: Path, entry: Path, *, directory: bool = False) -> None:
 def _refuse_links(root: Path) -> None:
     """Before a writable open touches anything: none of evdb's own entries of root is a
     symbolic link."""
-    for name in _INTERNAL + _INTERNAL_IN_PLACE:
+    for name in _INTERNAL:
         _refuse_link(root, root / name)
 
 
