@@ -27,7 +27,7 @@ from evdb.arrays import float_matrix, occurrence_counts
 from evdb.changelog import ChangeLog
 from evdb.config import TableConfig
 from evdb.dedup import Deduper
-from evdb.errors import CapacityError, InvalidArgumentError
+from evdb.errors import CapacityError, InvalidArgumentError, StorageError
 from evdb.kernels import cpu
 from evdb.kernels.cpu.stamp import stamp_gather_pulled, stamp_pushed
 from evdb.keys import normalize_keys
@@ -663,7 +663,21 @@ class Table:
         )
         self._dram.unpin_all()
         self._changes.touched(pulled.keys[pulled.admitted])
-        self._chain.evict(self._db.step, self._min_live())
+        self._evict_after_write("push")
+
+    def _evict_after_write(self, op: str, protect: Int64Array | None = None) -> None:
+        """Bring the top tier back under its watermark after a write that is applied
+        already: if writing the victims down fails (a full disk), the write stays applied
+        in memory, and the error says so, lest the caller repeat it."""
+        try:
+            self._chain.evict(self._db.step, self._min_live(), protect=protect)
+        except StorageError as e:
+            raise StorageError(
+                e.errno,
+                f"{e}; the {op} itself was applied and is kept in memory (do not repeat it): "
+                "the next write or flush writes it down once space is freed",
+                e.filename,
+            ) from e
 
     # -- writes ---------------------------------------------------------------------------
     @exclusive

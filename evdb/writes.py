@@ -34,6 +34,8 @@ def upsert(table: Table, keys: Any, values: Any, freeze: bool | None) -> None:
     np.maximum.at(last, inverse, np.arange(k.shape[0], dtype=np.int64))
     v = v[last]
     _check_room(table, uniq, "keys")
+    if table._strings is not None:  # first: a write that fails here has changed no row
+        table._strings.store(new_strings, uniq)
     version = table._bump_version()
     rows = table._drop_expired(table._dram.locate(uniq))
     table._promote_misses(uniq, rows)  # a row on disk keeps its slots and freq
@@ -57,9 +59,7 @@ def upsert(table: Table, keys: Any, values: Any, freeze: bool | None) -> None:
     # Without a disk tier, the rows just written are not victims of their own insert;
     # with one, they may go straight down to it.
     protect = None if table._chain.spill else rows
-    table._chain.evict(table._db.step, table._min_live(), protect=protect)
-    if table._strings is not None:
-        table._strings.store(new_strings, uniq)
+    table._evict_after_write("upsert", protect)
 
 
 def _check_room(table: Table, keys: Int64Array, arg: str) -> None:
