@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 import xxhash
 
-from evdb.errors import CorruptDataError, DatabaseLockedError, InvalidArgumentError
+from evdb.errors import (
+    CorruptDataError,
+    DatabaseLockedError,
+    InvalidArgumentError,
+    StorageError,
+)
 
 if TYPE_CHECKING:
     from evdb.database import Database
@@ -432,12 +437,25 @@ def checkpoint(
             manifest["changed_rows"] = rows
             db._write_metadata_file(tmp / "metadata.npz")
         _finish(tmp, dest, manifest)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        error = as_storage_error(e, f"dest: {dest}: checkpoint failed", dest)
+        if error is None:
+            raise
+        raise error from e
     finally:
         os.close(owner)  # after the rename or the removal: a sweep never sees it unlocked
     return manifest
+
+
+def as_storage_error(e: BaseException, what: str, path: Path) -> StorageError | None:
+    """An I/O error (a full disk) that failed a checkpoint or export, as the ``StorageError``
+    to raise, naming path; None for anything else (a missing source, bad input, a
+    ``KeyboardInterrupt``), raised as it was."""
+    if not isinstance(e, OSError) or isinstance(e, FileNotFoundError):
+        return None
+    why = e.strerror or str(e)  # (a StorageError's own names the temporary directory)
+    return StorageError(e.errno, f"{what}: {why}", str(path))
 
 
 def _write_delta(

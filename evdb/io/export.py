@@ -48,7 +48,6 @@ from evdb.errors import (
     CorruptDataError,
     InvalidArgumentError,
     InvalidTypeError,
-    StorageError,
 )
 from evdb.io.vectors import write_vectors
 from evdb.optim import SGD
@@ -170,23 +169,24 @@ def export(
             "tables": entries,
         }
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a crashed export of an earlier process
+        # locked while it is built: a later export or checkpoint beside it sweeps it if we die
+        tmp, owner = _checkpoint.temp_dir_beside(dest)
         job = _Job(tmp, chunk_rows, sum(e["rows"] for e in entries.values()), progress)
         try:
             if format == "serving":
                 _write_serving(job, db.step, selected, entries)
             else:
-                tmp.mkdir()
                 for t in selected:
                     _write_file(job, t, format, entries[t.name], db.step)
             _checkpoint._finish(tmp, dest, manifest)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):  # disk full
-                why = e.strerror or str(e)  # (a StorageError's names the temporary dest)
-                raise StorageError(e.errno, f"dest: {dest}: export failed: {why}", str(dest)) from e
-            raise
+            error = _checkpoint.as_storage_error(e, f"dest: {dest}: export failed", dest)
+            if error is None:
+                raise
+            raise error from e
+        finally:
+            os.close(owner)  # after the rename or the removal: a sweep never sees it unlocked
     finally:
         if db is not db_or_path:
             db.close()
@@ -270,7 +270,7 @@ class _Job:
             min_live = t._min_live()
             scan: Iterator[Chunk] = (
                 (keys[live], records.values[live], records.slots[live])
-                for keys, records in t._chain.scan(self.chunk_rows)
+                for keys, records in t._scan(self.chunk_rows)
                 for live in [records.last_step >= min_live]
                 if live.any()
             )

@@ -94,3 +94,14 @@ def test_a_checkpoint_never_removes_a_live_writers_temp_dir(tmp_path: Path) -> N
     assert temp_dirs(parent) == []
     evdb.verify(parent / "ck-1")
     evdb.verify(parent / "ck-2")
+
+
+def test_an_export_removes_the_temp_dir_a_killed_export_left(tmp_path: Path) -> None:
+    parent = tmp_path / "exports"
+    killed = child(tmp_path, parent / "ck-1", "die")  # a dead writer's dir, as an export's
+    assert killed.wait(timeout=120) == -9
+    assert len(temp_dirs(parent)) == 1
+    with evdb.open(tmp_path / "db") as db:
+        db.create_table("t", dim=4).upsert([1, 2], np.ones((2, 4), np.float32))
+        evdb.export(db, parent / "e.npz", format="npz")
+    assert sorted(p.name for p in parent.iterdir()) == ["e.npz"]
