@@ -60,6 +60,7 @@ import os
 import re
 import shutil
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -530,9 +531,27 @@ def load_delta(root: Path, seq: int, manifest: dict[str, Any]) -> dict[str, Delt
     """The tables of a checked delta publication, read into memory."""
     out = {}
     for name, entry in manifest["publication"]["tables"].items():
-        with np.load(publication_dir(root, seq) / f"{name}.npz", allow_pickle=False) as z:
-            values = z["values"].reshape(-1, int(entry["dim"]))
-            out[name] = Delta(z["keys"], values, z["last_step"], z["removed"])
+        path = publication_dir(root, seq) / f"{name}.npz"
+        dim = int(entry["dim"])
+        try:  # checksummed, so only a writer's bug gets here: named, never a KeyError
+            with np.load(path, allow_pickle=False) as z:
+                keys, values = z["keys"], z["values"]
+                last_step, removed = z["last_step"], z["removed"]
+        except (KeyError, ValueError, zipfile.BadZipFile) as e:
+            raise CorruptDataError(f"{path}: not a delta of table {name!r} ({e})") from e
+        m = keys.shape[0]
+        if (
+            keys.shape != (m,)
+            or values.size != m * dim
+            or last_step.shape != (m,)
+            or removed.ndim != 1
+        ):
+            raise CorruptDataError(
+                f"{path}: arrays of mismatched shapes (keys {keys.shape}, values "
+                f"{values.shape} of dim {dim}, last_step {last_step.shape}, removed "
+                f"{removed.shape})"
+            )
+        out[name] = Delta(keys, values.reshape(m, dim), last_step, removed)
     return out
 
 

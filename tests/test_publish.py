@@ -252,3 +252,24 @@ def test_restored_records_reach_the_next_delta(tmp_path: Path) -> None:
         restore_records(b, np.array([1, 2]), records)  # as resharding moves rows
         assert db.publish(root)["kind"] == "delta"
         assert _delta(root, 2, "b")["keys"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("damage", ["no removed array", "values of another dim"])
+def test_a_delta_file_a_writer_got_wrong_is_corrupt_naming_it(tmp_path: Path, damage) -> None:
+    root = tmp_path / "pub"
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=4)
+        t.upsert(np.arange(10), np.ones((10, 4), np.float32))
+        db.publish(root)
+        t.upsert([3], np.full((1, 4), 2.0, np.float32))
+        db.publish(root)
+    manifest = _checkpoint.verify(_publish.publication_dir(root, 2))
+    path = _publish.publication_dir(root, 2) / "item.npz"
+    arrays = _delta(root, 2, "item")
+    if damage == "no removed array":
+        del arrays["removed"]
+    else:
+        arrays["values"] = np.ones(5, np.float32)
+    np.savez(path, **arrays)
+    with pytest.raises(evdb.CorruptDataError, match=r"item\.npz"):
+        _publish.load_delta(root, 2, manifest)
