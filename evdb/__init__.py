@@ -13,6 +13,7 @@ from evdb.database import Database, open
 from evdb.errors import (
     CapacityError,
     CollectiveError,
+    ConcurrentModificationError,
     ConfigError,
     CorruptDataError,
     DatabaseClosedError,
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CapacityError",
     "CollectiveError",
+    "ConcurrentModificationError",
     "ConfigError",
     "CorruptDataError",
     "Database",

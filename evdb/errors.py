@@ -73,6 +73,12 @@ class ShardLayoutError(EvdbError, ValueError):
     tables or placements than the ranks agree on."""
 
 
+class ConcurrentModificationError(EvdbError, RuntimeError):
+    """A table changed between two chunks of a scan (``Table.items``): rows may have moved
+    between tiers, so the scan could miss or repeat some. Iterate again, or hold the writes
+    until the scan ends (as ``RuntimeError`` does for a dict changed while iterated)."""
+
+
 class StorageError(EvdbError, OSError):
     """The storage under a database, checkpoint, export or publication failed an I/O call:
     the disk is full (``errno.ENOSPC``), a file cannot be written (``EACCES``, ``EROFS``) or

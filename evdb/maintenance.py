@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evdb._types import Float32Array, Int64Array
-from evdb.errors import InvalidArgumentError
+from evdb.errors import ConcurrentModificationError, InvalidArgumentError
 from evdb.records import RecordBatch
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def scan(
 
     A write to the database between two chunks (``RWLock.writes`` moved: rows may have moved
     between tiers) could make the scan miss or repeat rows: with ``strict`` the next chunk
-    raises ``InvalidArgumentError``; without, the scan goes on (a sample, a dashboard). A
+    raises ``ConcurrentModificationError``; without, the scan goes on (a sample, a dashboard). A
     scan inside its caller's exclusive hold (checkpoint, publish) sees only its own writes."""
     lock = table._rwlock
     own = lock.held_exclusive()
@@ -102,10 +102,10 @@ def scan(
         with _reading(table):
             table._db._check_open()  # a closed store cannot be read
             if strict and not own and lock.writes != writes:
-                raise InvalidArgumentError(
-                    f"table {table.name!r} changed while it was being scanned (another thread "
-                    "wrote to the database between two chunks of items()); iterate again, or "
-                    "hold the writes until the scan ends"
+                raise ConcurrentModificationError(
+                    f"table {table.name!r} changed while it was being scanned (a write to the "
+                    "database came between two chunks of items()); iterate again, or hold the "
+                    "writes until the scan ends"
                 )
             chunk = next(chunks, None)
             writes = lock.writes

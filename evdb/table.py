@@ -351,9 +351,10 @@ class Table:
         """Iterate ``(keys (m,) int64, values (m, dim) float32)`` chunks over live rows.
 
         Each chunk is read under the database's lock (shared), which is not held between
-        chunks; a write to the database by another thread between two chunks makes the next
-        one raise ``InvalidArgumentError`` (the scan could miss or repeat rows): iterate again.
-        A thread that holds the database's lock exclusive (a checkpoint) sees its own writes.
+        chunks; a write to the database between two chunks (from any thread) makes the next
+        one raise ``ConcurrentModificationError`` (the scan could miss or repeat rows):
+        iterate again. A thread that holds the database's lock exclusive (a checkpoint) sees
+        its own writes.
         """
         return maintenance.items(self, chunk_rows)
 

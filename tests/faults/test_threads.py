@@ -330,7 +330,7 @@ def test_items_holds_no_lock_between_chunks_and_says_when_a_write_came_between(
     writer.start()
     writer.join(timeout=60)
     assert not writer.is_alive()
-    with pytest.raises(evdb.errors.InvalidArgumentError, match="changed while it was being"):
+    with pytest.raises(evdb.ConcurrentModificationError, match="changed while it was being"):
         next(scan)  # the scan could miss or repeat rows now: it says so
     sample = t._scan(10, strict=False)  # a sample goes on past writes
     first = next(sample)[0]
