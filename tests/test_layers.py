@@ -25,7 +25,8 @@ LAYERS = [
     {"evdb.tiers"},
     {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"}
     | {"evdb.changelog"},
-    {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records", "evdb.io"},
+    {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records", "evdb.io"}
+    | {"evdb.locking"},  # the database's readers-writer lock, taken by Database and Table
     {"evdb.kernels"},
     {"evdb.errors", "evdb._types"},
 ]
