@@ -79,6 +79,10 @@ _ERRNOS = {
 # Keys a column family's write log takes, beyond twice its distinct keys, before they are
 # merged into one array of distinct keys (see RocksStore._log_write).
 _LOG_COMPACT = 1 << 18
+# Distinct keys a column family's write log holds (8 bytes each) before the family's
+# memtables are flushed to disk, which empties it: the log's memory stays bounded however
+# long a database goes between its own flushes.
+_LOG_FLUSH_KEYS = 1 << 23
 
 
 def rocks_error(path: Path, what: str, error: BaseException) -> EvdbError:
@@ -492,6 +496,10 @@ class RocksStore:
         if self.read_only:
             return
         log = self._log.setdefault(name, [])
+        distinct = log[0].shape[0] if log and isinstance(log[0], np.ndarray) else 0
+        if distinct > _LOG_FLUSH_KEYS:  # (before this write is tried: it is not logged yet)
+            self._flush_family(name)
+            log = self._log.setdefault(name, [])
         log.append(keys)
         rows = self._log_rows.get(name, 0) + len(keys)
         distinct = log[0].shape[0] if isinstance(log[0], np.ndarray) else 0
@@ -499,6 +507,17 @@ class RocksStore:
             log[:] = [_distinct_keys(log)]
             rows = log[0].shape[0]
         self._log_rows[name] = rows
+
+    def _flush_family(self, name: str) -> None:
+        """Flush a column family's memtables to disk and empty its write log: once RocksDB
+        has recorded the flush, its rows are in the working copy's files, which a recovery
+        starts from."""
+        try:
+            self.db.get_column_family(name).flush(True)
+        except Exception as e:
+            raise self._error(f"RocksDB flush of {name} failed", e) from e
+        del self._log[name]
+        self._log_rows.pop(name, None)
 
     def _resume(self) -> None:
         """Make a store that an I/O error stopped writable again, or raise ``StorageError``.

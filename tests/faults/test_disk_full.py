@@ -167,6 +167,35 @@ def test_an_upsert_whose_eviction_fails_says_it_was_applied_and_keeps_it(
         assert model.rows_lost(again.table("t")) == 0
 
 
+def test_a_write_log_kept_small_by_memtable_flushes_still_loses_nothing(
+    small_disk: Disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write log is emptied by flushing a family's memtables once it holds
+    ``_LOG_FLUSH_KEYS`` keys (its memory stays bounded between the database's flushes); a
+    recovery then starts from those flushed files, and must still lose nothing."""
+    monkeypatch.setattr(evdb.tiers.rocks, "_LOG_FLUSH_KEYS", 3_000)
+    flushes = []
+    real = evdb.tiers.rocks.RocksStore._flush_family
+
+    def counted(store: evdb.tiers.rocks.RocksStore, name: str) -> None:
+        real(store, name)
+        flushes.append(name)
+
+    monkeypatch.setattr(evdb.tiers.rocks.RocksStore, "_flush_family", counted)
+    db = evdb.open(small_disk.root / "db")
+    t = db.create_table("t", dim=DIM, dram_rows=DRAM_ROWS, optimizer=evdb.optim.SGD(lr=LR))
+    model = Model()
+    for i in range(60):  # no flush of the database: only the log's own
+        model.step(t, i)
+    assert flushes, "the write log never flushed its family"
+    small_disk.fill()
+    e = model.train_until_error(t)
+    small_disk.free()
+    model.settle(t, e)
+    db.close()
+    assert reopened_rows_lost(small_disk.root / "db", model) == 0
+
+
 def test_flush_on_a_full_disk_raises_and_leaves_no_partial_checkpoint(
     small_disk: Disk, trained: tuple[evdb.Database, Model]
 ) -> None:
