@@ -49,6 +49,7 @@ bench: $(BIN)/python
 	$(BIN)/python bench/bench_freshness.py
 	$(BIN)/python bench/bench_growth.py
 	$(BIN)/python bench/bench_threads.py
+	$(BIN)/python bench/bench_calls.py
 
 lint: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
