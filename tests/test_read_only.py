@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import evdb
+from tests.files import fingerprint
 
 _READER = textwrap.dedent(
     """
@@ -27,20 +28,6 @@ _READER = textwrap.dedent(
     print("ok")
     """
 )
-
-
-def _fingerprint(root: Path) -> dict[str, tuple[int, int, bytes]]:
-    """Every file's and directory's mtime, size and bytes (directories: their entry names)."""
-    out = {}
-    for p in [*sorted(root.rglob("*")), root]:
-        st = p.lstat()
-        body = (
-            p.read_bytes()
-            if p.is_file()
-            else "\n".join(sorted(x.name for x in p.iterdir())).encode()
-        )
-        out[str(p.relative_to(root))] = (st.st_mtime_ns, st.st_size, body)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +45,7 @@ def snapshots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("kind", ["checkpoint", "serving", "database"])
 def test_concurrent_read_only_opens_change_nothing(snapshots: dict[str, Path], kind: str) -> None:
     path = snapshots[kind]
-    before = _fingerprint(path)
+    before = fingerprint(path)
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _READER, str(path), "5"],
@@ -71,7 +58,7 @@ def test_concurrent_read_only_opens_change_nothing(snapshots: dict[str, Path], k
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
-    after = _fingerprint(path)
+    after = fingerprint(path)
     changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
     assert changed == [], f"a read-only open changed {changed}"
 

@@ -11,20 +11,7 @@ import numpy as np
 import pytest
 
 import evdb
-
-
-def _fingerprint(root: Path) -> dict[str, tuple[int, int, bytes]]:
-    """Every file's and directory's mtime, size and bytes (directories: their entry names)."""
-    out = {}
-    for p in [*sorted(root.rglob("*")), root]:
-        st = p.lstat()
-        body = (
-            p.read_bytes()
-            if p.is_file()
-            else "\n".join(sorted(x.name for x in p.iterdir())).encode()
-        )
-        out[str(p.relative_to(root))] = (st.st_mtime_ns, st.st_size, body)
-    return out
+from tests.files import fingerprint
 
 
 def _rows(db: evdb.Database) -> dict[str, np.ndarray]:
@@ -63,10 +50,10 @@ def test_opening_a_checkpoint_for_writing_in_place_is_refused_with_the_way_to_re
     root = checkpoints["root"]
     assert isinstance(root, Path)
     for kind in ("full", "inc"):
-        before = _fingerprint(root / kind)
+        before = fingerprint(root / kind)
         with pytest.raises(evdb.InvalidArgumentError, match=r"restore=.*read_only=True"):
             evdb.open(root / kind)
-        assert _fingerprint(root / kind) == before  # not even a LOCK file
+        assert fingerprint(root / kind) == before  # not even a LOCK file
         evdb.checkpoint.verify(root / kind)
     with evdb.open(root / "full", read_only=True) as served:  # serving it is unchanged
         _assert_state(served, checkpoints["full"])  # type: ignore[arg-type]
@@ -79,7 +66,7 @@ def test_restore_resumes_from_a_checkpoint_without_writing_under_it(
     root = checkpoints["root"]
     assert isinstance(root, Path)
     chain = [root / "full"] if kind == "full" else [root / "full", root / "inc"]
-    before = {c: _fingerprint(c) for c in chain}
+    before = {c: fingerprint(c) for c in chain}
     with evdb.open(root / "work", restore=root / kind) as db:
         _assert_state(db, checkpoints[kind])  # type: ignore[arg-type]
         t = db.table("t")  # training goes on in the work directory
@@ -90,7 +77,7 @@ def test_restore_resumes_from_a_checkpoint_without_writing_under_it(
         assert db.step == checkpoints[kind][0] + 1  # type: ignore[index]
         assert not db.table("t").contains([3])[0]
     for c in chain:
-        assert _fingerprint(c) == before[c], f"{c} changed"
+        assert fingerprint(c) == before[c], f"{c} changed"
         evdb.checkpoint.verify(c)
     with evdb.open(root / "again", restore=root / kind) as db:  # and it resumes again
         _assert_state(db, checkpoints[kind])  # type: ignore[arg-type]
@@ -101,10 +88,10 @@ def test_restore_into_a_directory_that_holds_anything_is_refused_and_changes_not
 ) -> None:
     root = checkpoints["root"]
     assert isinstance(root, Path)
-    before = _fingerprint(root / "db")
+    before = fingerprint(root / "db")
     with pytest.raises(evdb.InvalidArgumentError, match=r"path: .*db is not empty"):
         evdb.open(root / "db", restore=root / "full")
-    assert _fingerprint(root / "db") == before
+    assert fingerprint(root / "db") == before
     (root / "empty").mkdir()  # an empty directory is fine
     with evdb.open(root / "empty", restore=root / "full") as db:
         _assert_state(db, checkpoints["full"])  # type: ignore[arg-type]
