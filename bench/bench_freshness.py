@@ -58,13 +58,16 @@ from evdb.api.follow import Follower
 from evdb.api.snapshots import SnapshotHolder
 from evdb.config import DiskConfig
 from evdb.tiers import rocks
+from evdb.tiers import store as rocks_store
 
 WRITE_CHUNK = 65_536
 
 
 def raw_durable_write(path: Path, keys: np.ndarray, values: np.ndarray) -> float:
     """Seconds to write keys' records into a bare rocksdict store, flushed and fsynced."""
-    opts = rocks._options(DiskConfig().compression, rocksdict.Cache(rocks.BLOCK_CACHE_BYTES))
+    opts = rocks_store._options(
+        DiskConfig().compression, rocksdict.Cache(rocks_store.BLOCK_CACHE_BYTES)
+    )
     db = rocksdict.Rdict(str(path), opts)
     n, dim = values.shape
     layout = rocks.disk_dtype(dim, 0, "float32")

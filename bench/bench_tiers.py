@@ -10,7 +10,7 @@ under ``--tmpdir``, so that file system is the disk measured):
   SST files. ``evdb``: ``Table.lookup(keys)`` of ``--batch`` distinct existing keys that the
   DRAM tier does not hold (checked with the DRAM tier's index; the timed calls' DRAM hits are
   counted and printed). ``raw``: a bare rocksdict database with the same options as evdb's
-  (``evdb.tiers.rocks._options(DiskConfig().compression, Cache(32 MiB))``: the default
+  (``evdb.tiers.store._options(DiskConfig().compression, Cache(32 MiB))``: the default
   compression, 16 MiB memtables, bloom filter
   of 10 bits per key, 32 MiB block cache), holding the same keys (``encode_keys``) with
   records of the same layout and bytes (``disk_dtype(dim, 0, "float32")``, same values),
@@ -109,9 +109,10 @@ import evdb
 from evdb.config import DiskConfig
 from evdb.database import WORKING
 from evdb.tiers import rocks
+from evdb.tiers import store as rocks_store
 
 TABLE = "bench"
-WRITE_CHUNK = 65_536  # rows per raw write batch, as evdb.tiers.rocks.RocksStore.write_rows
+WRITE_CHUNK = 65_536  # rows per raw write batch, as evdb.tiers.store.RocksStore.write_rows
 GRAD_STD = 0.01
 TRAIN_LR = 0.05
 COLD_AIM = 0.8  # the issue's aim for cold reads: evdb / raw >= 0.8
@@ -239,8 +240,10 @@ def rocks_tier(t: evdb.Table) -> rocks.RocksTier:
 
 def raw_store(path: Path, mmap_reads: bool) -> rocksdict.Rdict:
     """A bare rocksdict database with evdb's options (and its own 32 MiB block cache)."""
-    cache = rocksdict.Cache(rocks.BLOCK_CACHE_BYTES)
-    return rocksdict.Rdict(str(path), rocks._options(DiskConfig().compression, cache, mmap_reads))
+    cache = rocksdict.Cache(rocks_store.BLOCK_CACHE_BYTES)
+    return rocksdict.Rdict(
+        str(path), rocks_store._options(DiskConfig().compression, cache, mmap_reads)
+    )
 
 
 def raw_write(db: rocksdict.Rdict, keys: list[bytes], values: list[bytes]) -> None:
@@ -600,7 +603,7 @@ def print_header(args: argparse.Namespace) -> None:
         f"threads     numba {numba.get_num_threads()}",
         versions_line("not used"),
         f"rocksdb     rocksdict {importlib.metadata.version('rocksdict')}; evdb's options: "
-        f"16 MiB memtables x 2, bloom 10 bits/key, {rocks.BLOCK_CACHE_BYTES >> 20} MiB block "
+        f"16 MiB memtables x 2, bloom 10 bits/key, {rocks_store.BLOCK_CACHE_BYTES >> 20} MiB block "
         "cache, WAL off" + (", mmap reads" if args.mmap_reads else ""),
         f"store       {store} ({fs_of(store)})",
         f"cold reads  {fmt_count(args.rows)} rows, dim {args.dim}, SGD (record {record} B), "

@@ -62,7 +62,8 @@ from evdb.optim import SGD, Optimizer
 from evdb.records import RecordBatch
 from evdb.table import Table
 from evdb.tiers.hbm import require_device
-from evdb.tiers.rocks import RocksStore, RocksStrings, RocksTier, link_or_copy_tree
+from evdb.tiers.rocks import RocksStrings, RocksTier
+from evdb.tiers.store import RocksStore, link_or_copy_tree
 
 __all__ = ["Database", "open"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import evdb
-import evdb.tiers.rocks
+import evdb.tiers.store
 from evdb.errors import StorageError
 from tests.faults.conftest import Disk
 
@@ -34,8 +34,8 @@ def small_memtables(monkeypatch: pytest.MonkeyPatch) -> None:
     disk) after a few batches instead of thousands. The write log (the keys a recovery
     copies) is merged into distinct keys every 2,000 keys instead of 262,144, so the tests
     also check that merging keeps every key."""
-    monkeypatch.setattr(evdb.tiers.rocks, "WRITE_BUFFER_BYTES", 64 << 10)
-    monkeypatch.setattr(evdb.tiers.rocks, "_LOG_COMPACT", 2_000)
+    monkeypatch.setattr(evdb.tiers.store, "WRITE_BUFFER_BYTES", 64 << 10)
+    monkeypatch.setattr(evdb.tiers.store, "_LOG_COMPACT", 2_000)
 
 
 class Model:
@@ -173,15 +173,15 @@ def test_a_write_log_kept_small_by_memtable_flushes_still_loses_nothing(
     """The write log is emptied by flushing a family's memtables once it holds
     ``_LOG_FLUSH_KEYS`` keys (its memory stays bounded between the database's flushes); a
     recovery then starts from those flushed files, and must still lose nothing."""
-    monkeypatch.setattr(evdb.tiers.rocks, "_LOG_FLUSH_KEYS", 3_000)
+    monkeypatch.setattr(evdb.tiers.store, "_LOG_FLUSH_KEYS", 3_000)
     flushes = []
-    real = evdb.tiers.rocks.RocksStore._flush_family
+    real = evdb.tiers.store.RocksStore._flush_family
 
-    def counted(store: evdb.tiers.rocks.RocksStore, name: str) -> None:
+    def counted(store: evdb.tiers.store.RocksStore, name: str) -> None:
         real(store, name)
         flushes.append(name)
 
-    monkeypatch.setattr(evdb.tiers.rocks.RocksStore, "_flush_family", counted)
+    monkeypatch.setattr(evdb.tiers.store.RocksStore, "_flush_family", counted)
     db = evdb.open(small_disk.root / "db")
     t = db.create_table("t", dim=DIM, dram_rows=DRAM_ROWS, optimizer=evdb.optim.SGD(lr=LR))
     model = Model()

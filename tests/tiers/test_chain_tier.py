@@ -16,7 +16,8 @@ from evdb.errors import ConfigError
 from evdb.tiers.chain import ChainTier, TierChain, stack
 from evdb.tiers.dram import DramTier
 from evdb.tiers.hbm import HbmTier
-from evdb.tiers.rocks import RocksStore, RocksTier
+from evdb.tiers.rocks import RocksTier
+from evdb.tiers.store import RocksStore
 
 from .contract import DIM, SLOTS, TierContract, assert_same, records
 

@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evdb.tiers.keyfilter import KeyFilter
-from evdb.tiers.rocks import RocksStore, RocksTier, decode_keys, encode_keys
+from evdb.tiers.rocks import RocksTier, decode_keys, encode_keys
+from evdb.tiers.store import RocksStore
 
 from .contract import DIM, SLOTS, TierContract, assert_same, records
 
