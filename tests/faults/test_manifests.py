@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 import evdb
 from evdb import checkpoint as ck
 from evdb import publish
+from tests.test_cli import evdb_cli
 
 
 @pytest.fixture(scope="module")
@@ -184,9 +184,7 @@ def test_an_incremental_whose_base_is_gone_is_corrupt_not_a_file_error(tmp_path:
 
 def test_evdb_verify_reports_a_manifest_without_files_in_one_line(ckpt: Path) -> None:
     edit(ckpt, _drop("files"))
-    done = subprocess.run(
-        [sys.executable, "-m", "evdb", "verify", str(ckpt)], capture_output=True, text=True
-    )
+    done = evdb_cli("verify", ckpt)
     assert done.returncode == 3, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.strip() == f"evdb: error: {ckpt / ck.MANIFEST}: field files is missing"

@@ -6,8 +6,6 @@ numpy traceback, never a token of unbounded size, and a failed import leaves not
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 import tracemalloc
 import zipfile
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 
 import evdb
 from evdb import offline
+from tests.test_cli import evdb_cli
 
 
 def write_npz(path: Path, **members: bytes) -> None:
@@ -127,22 +126,7 @@ def test_a_failed_import_removes_the_database_directory_it_created(tmp_path: Pat
     with pytest.raises(evdb.CorruptDataError, match=r"bad\.txt line 3"):
         offline.import_file(target, "t", src, "word2vec")
     assert not (tmp_path / "new").exists()  # nor the parent it made
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "evdb",
-            "import",
-            src,
-            target,
-            "--table",
-            "t",
-            "--format",
-            "word2vec",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    done = evdb_cli("import", src, target, "--table", "t", "--format", "word2vec")
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "new").exists()
 
@@ -161,23 +145,7 @@ def test_a_failed_import_never_removes_a_database_that_existed(tmp_path: Path) -
 def test_evdb_import_of_a_lying_npz_prints_one_line(tmp_path: Path) -> None:
     src = tmp_path / "short.npz"
     write_npz(src, keys=npy(np.arange(3), header_shape=(9,)), values=npy(VALUES, (9, 2)))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "evdb",
-            "import",
-            src,
-            tmp_path / "db",
-            "--table",
-            "t",
-            "--format",
-            "npz",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    done = evdb_cli("import", src, tmp_path / "db", "--table", "t", "--format", "npz", "--json")
     assert done.returncode == 3, done.stderr
     assert done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.startswith("evdb: error: ") and done.stderr.count("\n") == 1
