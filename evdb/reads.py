@@ -135,9 +135,8 @@ def _read_below(
         at = np.flatnonzero(found)[live]
         values[at] = records.values[live]
         have[at] = True
-        if promote and at.size:  # not victims of their own promotion
-            rows = table._chain.promote(uniq[at], records.take(live), dirty=False)
-            table._chain.evict(table._db.step, table._min_live(), protect=rows)
+        if promote and at.size:
+            _cache(table, uniq[at], records.take(live))
         elif later is not None and at.size:
             later.append(uniq[at])
     if not have.all():  # defaults only where no row was found (they cost a hash each)
@@ -161,8 +160,14 @@ def promote(table: Table, keys: Int64Array) -> None:
     live = records.last_step >= table._min_live()
     at = np.flatnonzero(found)[live]
     if at.size:
-        rows = table._chain.promote(uniq[at], records.take(live), dirty=False)
-        table._chain.evict(table._db.step, table._min_live(), protect=rows)
+        _cache(table, uniq[at], records.take(live))
+
+
+def _cache(table: Table, keys: Int64Array, records: RecordBatch) -> None:
+    """Cache rows read from below (clean), then evict down to the watermark: the rows just
+    cached are not victims of their own promotion."""
+    rows = table._chain.promote(keys, records, dirty=False)
+    table._chain.evict(table._db.step, table._min_live(), protect=rows)
 
 
 def _fetch(table: Table, keys: Int64Array) -> tuple[BoolArray, RecordBatch | None]:
