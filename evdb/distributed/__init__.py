@@ -17,6 +17,13 @@ the optimizer once, so N ranks equal one process on the same global batch.
     t.push(p, p.combine_backward(grad_out, offsets, combiner="sum"))
     db.advance(); db.checkpoint(dest); db.close()
 
+Many tables exchange together, 5 collectives a step whatever their number
+(``ShardedCollection``; ``evdb.torch.EmbeddingBagCollection`` does it for its tables)::
+
+    coll = evd.ShardedCollection([user, item], payload_dtype="bfloat16")
+    p = coll.pull({"user": user_ids, "item": item_ids})
+    coll.push(p, {"user": grad_user, "item": grad_item})
+
 The offline parts (``reshard``, the merged ``export``, ``info``, ``Placement``) need no
 process group, and no torch.
 """
@@ -30,7 +37,9 @@ from evdb.distributed.placement import PLACEMENTS, Placement
 
 __all__ = [
     "PLACEMENTS",
+    "CollectionPulled",
     "Placement",
+    "ShardedCollection",
     "ShardedDatabase",
     "ShardedPulled",
     "ShardedTable",
@@ -45,6 +54,8 @@ _WITH_TORCH = {
     "ShardedDatabase": "evdb.distributed.database",
     "ShardedTable": "evdb.distributed.table",
     "ShardedPulled": "evdb.distributed.table",
+    "ShardedCollection": "evdb.distributed.group",
+    "CollectionPulled": "evdb.distributed.group",
 }
 
 

@@ -47,6 +47,9 @@ OPS = (
     "stats",
     "publish",
     "prefetch",
+    "group_pull",
+    "group_push",
+    "group_keys",
 )
 _HEAD = 6  # op, table, call number, argument code, global step, failed (refused its input)
 _SAME = 5  # the first _SAME fields must agree on every rank
@@ -138,12 +141,25 @@ class Exchange:
         if self.size == 1:
             return data
         src = torch.from_numpy(np.ascontiguousarray(data))
-        out = torch.empty((int(recv.sum()), *data.shape[1:]), dtype=src.dtype)
+        return self.all_to_all_tensor(src, send, recv, op, table).numpy()
+
+    def all_to_all_tensor(
+        self, src: torch.Tensor, send: Int64Array, recv: Int64Array, op: str, table: str
+    ) -> torch.Tensor:
+        """``all_to_all`` of a torch tensor (any dtype, e.g. a bfloat16 payload): ``send[j]``
+        rows of ``src`` to rank j, ``recv[i]`` rows from rank i."""
+        if self.size == 1:
+            return src
+        out = torch.empty((int(recv.sum()), *src.shape[1:]), dtype=src.dtype)
+        a, b = out, src
+        if src.dtype in (torch.bfloat16, torch.float16):  # gloo moves neither: send the bytes
+            a = out.reshape(out.shape[0], -1).view(torch.uint8)
+            b = src.reshape(src.shape[0], -1).view(torch.uint8)
         try:
-            dist.all_to_all_single(out, src, recv.tolist(), send.tolist(), group=self.group)
+            dist.all_to_all_single(a, b, recv.tolist(), send.tolist(), group=self.group)
         except RuntimeError as e:
             raise self._fail(op, table, e) from e
-        return out.numpy()
+        return out
 
     def all_sum(self, values: Int64Array, op: str, table: str = "") -> Int64Array:
         """The element-wise sum of an int64 vector over every rank."""

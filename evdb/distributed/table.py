@@ -36,7 +36,7 @@ from evdb.dedup import Deduper
 from evdb.distributed.exchange import Exchange
 from evdb.distributed.placement import Placement
 from evdb.errors import EvdbError, InvalidArgumentError
-from evdb.kernels import cpu
+from evdb.kernels import backend
 from evdb.keys import normalize_keys
 from evdb.pulled import Pulled
 from evdb.table import Table
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from evdb.distributed.database import ShardedDatabase
 
 __all__ = ["ShardedPulled", "ShardedTable"]
+
+cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
 # stats() entries that every shard has alike (taken from rank 0) rather than summed
 _ALIKE = {"name", "dim", "step", "pushes", "policy", "min_count", "dtype", "capacity", "hashes"}
@@ -117,9 +119,20 @@ class ShardedTable:
         self.dim = local.dim
         self._dedup = Deduper()
 
+    @property
+    def database(self) -> ShardedDatabase:
+        """The sharded database this table belongs to (this rank's handle)."""
+        return self._db
+
+    @property
+    def exchange(self) -> Exchange:
+        """This rank's end of the database's collectives (``ShardedCollection`` groups the
+        tables that share one)."""
+        return self._x
+
     # -- helpers --------------------------------------------------------------------------
     def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
-        self._db._check_open()
+        self._db.check_open()
         return normalize_keys(keys, self.config.key_type, arg=arg)
 
     def _refuse(self, op: str) -> None:
@@ -220,7 +233,7 @@ class ShardedTable:
 
     def __len__(self) -> int:
         """Collective. Live rows over every shard."""
-        self._db._check_open()
+        self._db.check_open()
         self._x.begin("len", self.name)
         return int(self._x.all_sum(np.array([len(self.local)]), "len", self.name)[0])
 
@@ -234,7 +247,7 @@ class ShardedTable:
     def pull(self, keys: Any) -> ShardedPulled:
         """Collective. ``Table.pull`` of this rank's batch at the global step: the owners
         count every rank's occurrences, admit, create and stamp, and send the rows back."""
-        self._db._check_writable()
+        self._db.check_writable()
         try:
             k = self._keys(keys)
             uniq, inverse, counts = self._dedup.unique(k)
@@ -270,7 +283,7 @@ class ShardedTable:
     def push(self, pulled: ShardedPulled, grads: Any, *, per_position: bool = False) -> None:
         """Collective. ``Table.push``: each rank's gradients go to the keys' owners, which sum
         them over every rank and apply the optimizer once."""
-        self._db._check_writable()
+        self._db.check_writable()
         try:
             if not isinstance(pulled, ShardedPulled) or pulled.table != self.name:
                 raise InvalidArgumentError(
@@ -278,7 +291,7 @@ class ShardedTable:
                     f"{type(pulled).__name__}"
                 )
             # a double or stale push is refused on every rank before the gradients travel
-            self.local._check_pushable(pulled._owner)
+            self.local.check_pushable(pulled._owner)
             u, n = pulled.keys.shape[0], pulled.inverse.shape[0]
             g = float_matrix(grads, ((n if per_position else u), self.dim), "grads")
             if per_position:  # sum each key's positions here: one row per key on the wire
@@ -299,7 +312,7 @@ class ShardedTable:
         """Collective. ``Table.upsert`` at the owners. A key given twice takes its last value;
         given by several ranks, the highest rank's. ``freeze`` must be the same on every
         rank."""
-        self._db._check_writable()
+        self._db.check_writable()
         try:
             k = self._keys(keys)
             v = float_matrix(values, (k.shape[0], self.dim), "values")
@@ -320,14 +333,14 @@ class ShardedTable:
     def delete(self, keys: Any) -> int:
         """Collective. ``Table.delete`` at the owners; returns the live rows removed by every
         rank's call together (the same number on every rank)."""
-        self._db._check_writable()
+        self._db.check_writable()
         _, _, _, mine = self._ask("delete", self._checked_keys("delete", keys))
         removed = self.local.delete(mine)
         return int(self._x.all_sum(np.array([removed]), "delete", self.name)[0])
 
     def compact(self) -> dict[str, int]:
         """Collective. ``Table.compact`` on every shard; the counts summed."""
-        self._db._check_writable()
+        self._db.check_writable()
         self._x.begin("compact", self.name)
         done = self.local.compact()
         names = sorted(done)
@@ -339,7 +352,7 @@ class ShardedTable:
         """Collective. The shards' ``stats()`` summed, and ``"shards"``: each shard's rows
         (the anchors' per-partition ``total_count()``) and ``"imbalance"``: the most rows on
         one shard over the mean (1.0 is even)."""
-        self._db._check_open()
+        self._db.check_open()
         self._x.begin("stats", self.name)
         parts = self._x.gather_objects(self.local.stats(), "stats", self.name)
         out: dict[str, Any] = _merge_stats(parts)
