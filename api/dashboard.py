@@ -33,7 +33,7 @@ import evdb
 from evdb import publish
 from evdb.kernels.hashing import mix64_np
 from evdb.sampling import RowSample, sample_rows, sample_steps
-from evdb.tiers.scoring import min_live_step
+from evdb.ttl import min_live_step
 
 from .codec import JSON, ApiError, dumps
 from .deps import settings_of, table_of, use_snapshot

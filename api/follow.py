@@ -70,7 +70,7 @@ from evdb.errors import CorruptDataError, EvdbError, InvalidArgumentError
 from evdb.kernels import cpu
 from evdb.kernels.cpu.merge import merge_newest
 from evdb.keys import normalize_keys
-from evdb.tiers.scoring import min_live_step
+from evdb.ttl import min_live_step
 
 from .settings import Settings
 from .snapshots import Snapshot, SnapshotHolder

@@ -19,6 +19,7 @@ to an admit mask (``policy.admit(totals)``). The counts live in a state object t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -27,7 +28,9 @@ import numpy as np
 from evdb._types import BoolArray, Int64Array
 from evdb.errors import ConfigError, CorruptDataError
 from evdb.hashindex import HashIndex, RowAllocator
-from evdb.kernels import cpu
+from evdb.kernels import backend
+
+cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
 __all__ = ["AdmissionPolicy", "AdmissionState", "AdmitAll", "Bloom", "Counter", "from_dict"]
 
@@ -63,6 +66,18 @@ class AdmissionState:
 
     def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         pass
+
+    def absorb(
+        self,
+        olds: Sequence[AdmissionState],
+        owns: Callable[[Int64Array], BoolArray],
+        *,
+        first: bool,
+    ) -> None:
+        """Take over the pending counts of the keys this state's shard owns (``owns``) from
+        the states of the old shards (resharding), so that no count toward admission is
+        lost or doubled. ``first``: this is the first new shard (it carries totals that
+        belong to no key). No pending counts: nothing to take."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +279,28 @@ class _CounterState(AdmissionState):
         self.last_seen[slots] = arrays["last_seen"]
         self.forgotten = int(arrays["forgotten"][0])
 
+    def absorb(
+        self,
+        olds: Sequence[AdmissionState],
+        owns: Callable[[Int64Array], BoolArray],
+        *,
+        first: bool,
+    ) -> None:
+        """Per key: the old pending counts of the keys this shard owns (the count of keys
+        forgotten goes to the first new shard)."""
+        saved = [o.to_arrays() for o in olds]
+        keys = np.concatenate([s["keys"] for s in saved]).astype(np.int64)
+        mine = owns(keys)
+        forgotten = sum(int(s["forgotten"][0]) for s in saved) if first else 0
+        self.load_arrays(
+            {
+                "keys": keys[mine],
+                "counts": np.concatenate([s["counts"] for s in saved])[mine],
+                "last_seen": np.concatenate([s["last_seen"] for s in saved])[mine],
+                "forgotten": np.array([forgotten]),
+            }
+        )
+
 
 class _BloomState(AdmissionState):
     def __init__(self, policy: Bloom) -> None:
@@ -295,6 +332,18 @@ class _BloomState(AdmissionState):
                 f"the configured {self.counters.shape} uint8"
             )
         self.counters[:] = counters
+
+    def absorb(
+        self,
+        olds: Sequence[AdmissionState],
+        owns: Callable[[Int64Array], BoolArray],
+        *,
+        first: bool,
+    ) -> None:
+        """The filter of every key, as one process would have it: the old shards' counters
+        summed (saturating), on every new shard (a sketch cannot be split by key)."""
+        total = np.sum([o.to_arrays()["counters"].astype(np.int64) for o in olds], axis=0)
+        self.load_arrays({"counters": np.minimum(total, 255).astype(np.uint8)})
 
 
 _KINDS: dict[str, type[AdmissionPolicy]] = {c.kind: c for c in (AdmitAll, Counter, Bloom)}

@@ -418,7 +418,7 @@ def checkpoint(
     db.flush()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp, owner = temp_dir_beside(dest)
-    tables = {name: db.table(name)._checkpoint_info() for name in db.tables()}
+    tables = {name: db.table(name).checkpoint_info() for name in db.tables()}
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "created": time.time(),
@@ -465,7 +465,7 @@ def _write_delta(
     changed = {}
     for name in db.tables():
         table = db.table(name)
-        info = table._checkpoint_info()
+        info = table.checkpoint_info()
         since = -1
         old = base_tables.get(name)
         if old is not None and old["uid"] == info["uid"]:
@@ -475,7 +475,7 @@ def _write_delta(
         keys, n_changed, part = [], 0, 0
         buffer: list[tuple[np.ndarray, np.ndarray]] = []
         buffered = 0
-        for chunk_keys, records in table._chain.scan(65536):
+        for chunk_keys, records in table.records(65536):
             keys.append(chunk_keys)
             new = records.version.astype(np.int64) > since
             if new.any():
@@ -499,8 +499,8 @@ def _save_part(
     keys = np.concatenate([k for k, _ in buffer])
     records = np.concatenate([r for _, r in buffer])
     arrays = {"keys": keys, "records": records.view(np.uint8)}
-    if table._strings is not None:  # the strings of the changed rows, as UTF-8 + ends
-        encoded = [(s or "").encode() for s in table._strings.get(keys)]
+    if table.keeps_strings:  # the strings of the changed rows, as UTF-8 + ends
+        encoded = [(s or "").encode() for s in table.strings(keys)]
         arrays["string_ends"] = np.cumsum([len(b) for b in encoded], dtype=np.int64)
         arrays["strings"] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
     np.savez(out / f"rows-{part:06d}.npz", allow_pickle=False, **arrays)

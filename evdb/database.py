@@ -351,7 +351,7 @@ class Database:
                 table = Table(
                     self, name, config, self._backing(name, config), self._strings(name, config)
                 )
-                table._load_state(state)
+                table.load_state(state)
             except (KeyError, TypeError, ValueError) as e:
                 raise CorruptDataError(f"{self.path}: table {name!r} cannot be loaded ({e})") from e
             self._tables[name] = table
@@ -363,12 +363,14 @@ class Database:
         return _rocks_tier(self._store, name, config)
 
     # -- lifecycle ------------------------------------------------------------------------
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise ``DatabaseClosedError`` once the database is closed."""
         if self._closed:
             raise DatabaseClosedError(f"database {self.path} is closed")
 
-    def _check_writable(self) -> None:
-        self._check_open()
+    def check_writable(self) -> None:
+        """Raise unless the database is open for writing (``ReadOnlyError`` otherwise)."""
+        self.check_open()
         if self.read_only:
             raise ReadOnlyError(f"database {self.path} is open read-only")
 
@@ -383,7 +385,7 @@ class Database:
         ``evdb.open(workdir, restore=dest)`` resumes from either, leaving dest as it is, and
         ``evdb.open(dest, read_only=True)`` serves a full one. Returns the checkpoint's
         manifest."""
-        self._check_writable()
+        self.check_writable()
         return _checkpoint.checkpoint(self, dest, base)
 
     @exclusive
@@ -424,7 +426,7 @@ class Database:
         >>> [(r["seq"], r["kind"], r["rows"], r["deleted"]) for r in (first, second)]
         [(1, 'full', 2, 0), (2, 'delta', 1, 1)]
         """
-        self._check_writable()
+        self.check_writable()
         from evdb import publish as _publish  # above Database: imported where it is used
 
         return _publish.publish(self, root, full=full, keep=keep)
@@ -433,7 +435,7 @@ class Database:
         """The metadata a flush stores (and a checkpoint copies)."""
         meta: dict[str, bytes] = {}
         for name, table in self._tables.items():
-            meta[f"table/{name}"] = _npz_bytes(table._flush())
+            meta[f"table/{name}"] = _npz_bytes(table.flush_state())
         manifest = {
             "step": self._step,
             "tables": {n: t.config.to_dict() for n, t in self._tables.items()},
@@ -505,7 +507,7 @@ class Database:
         flush stays the durable state, no part of this one is left behind, and every change
         stays in the database. Once the cause is gone (space freed), calling ``flush`` again
         completes it; it first resumes the RocksDB that stopped on the error."""
-        self._check_writable()
+        self.check_writable()
         checkpoints = self.path / CHECKPOINTS
         number = self._checkpoint + 1
         name = f"{number:010d}"
@@ -609,7 +611,7 @@ class Database:
     @exclusive
     def advance(self, n: int = 1) -> int:
         """Move the global step forward by n >= 0; returns the new step."""
-        self._check_writable()
+        self.check_writable()
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidArgumentError(f"n must be an int >= 0, got {n!r}")
         self._step += n
@@ -647,7 +649,7 @@ class Database:
         ``device="cpu"``. Raises ``TableExistsError`` (a ValueError) if the name is taken, and
         ``ConfigError`` where the HBM tier cannot run (no cupy, no CUDA device).
         """
-        self._check_writable()
+        self.check_writable()
         _parse_table_name(name)
         if name in self._tables:
             raise TableExistsError(f"name: table {name!r} already exists in {self.path}")
@@ -677,7 +679,7 @@ class Database:
     @shared
     def table(self, name: str) -> Table:
         """The table called name; ``TableNotFoundError`` (a KeyError) if there is none."""
-        self._check_open()
+        self.check_open()
         try:
             return self._tables[name]
         except (KeyError, TypeError):
@@ -688,13 +690,13 @@ class Database:
     @shared
     def tables(self) -> list[str]:
         """Names of the tables, sorted."""
-        self._check_open()
+        self.check_open()
         return sorted(self._tables)
 
     @exclusive
     def drop_table(self, name: str) -> None:
         """Delete a table and its rows (from disk at the next flush)."""
-        self._check_writable()
+        self.check_writable()
         self.table(name)
         del self._tables[name]
         self._store.drop_column_family(_column_family(name))  # the checkpoint keeps it

@@ -19,15 +19,15 @@ from evdb.records import RecordBatch
 if TYPE_CHECKING:
     from evdb.table import Table
 
-__all__ = ["compact", "items", "scan", "stats"]
+__all__ = ["compact", "items", "records", "scan", "stats"]
 
 _SCAN_ROWS = 65536  # rows only on disk are judged a chunk of this many at a time
 
 
 def compact(table: Table) -> dict[str, int]:
     """``Table.compact`` (see there)."""
-    table._db._check_writable()
-    table._db._check_open()
+    table._db.check_writable()
+    table._db.check_open()
     min_live = table._min_live()
     threshold = table.config.l2_threshold
     live = table._dram.live_rows()
@@ -75,7 +75,7 @@ def items(table: Table, chunk_rows: int) -> Iterator[tuple[Int64Array, Float32Ar
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise InvalidArgumentError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
     with _reading(table):
-        table._db._check_open()
+        table._db.check_open()
         min_live = table._min_live()
     for keys, records in scan(table, chunk_rows, strict=True):
         live = records.last_step >= min_live
@@ -100,7 +100,7 @@ def scan(
     writes = lock.writes
     while True:
         with _reading(table):
-            table._db._check_open()  # a closed store cannot be read
+            table._db.check_open()  # a closed store cannot be read
             if strict and not own and lock.writes != writes:
                 raise ConcurrentModificationError(
                     f"table {table.name!r} changed while it was being scanned (a write to the "
@@ -114,6 +114,31 @@ def scan(
         yield chunk
 
 
+def records(
+    table: Table,
+    chunk_rows: int,
+    live_only: bool,
+    since_version: int | None,
+    strict: bool,
+    step: int | None,
+) -> Iterator[tuple[Int64Array, RecordBatch]]:
+    """``Table.records`` (see there)."""
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise InvalidArgumentError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+    min_live = table._min_live(step)
+    for keys, recs in scan(table, chunk_rows, strict=strict):
+        keep = None
+        if live_only:
+            keep = recs.last_step >= min_live
+        if since_version is not None:
+            newer = recs.version > np.uint64(since_version)
+            keep = newer if keep is None else keep & newer
+        if keep is not None and not keep.all():
+            keys, recs = keys[keep], recs.take(keep)
+        if keys.shape[0]:
+            yield keys, recs
+
+
 def stats(table: Table) -> dict[str, Any]:
     """``Table.stats`` (see there)."""
     policy = table.config.admission
@@ -122,20 +147,20 @@ def stats(table: Table) -> dict[str, Any]:
         "dim": table.dim,
         "rows": len(table),
         "step": table._db.step,
-        "version": table._version,
-        "pushes": table._pushes,
+        "version": table.meta.version,
+        "pushes": table.meta.pushes,
         "tiers": table._chain.stats(),
         "scratch_bytes": int(table._dedup.nbytes + sum(b.nbytes for b in list(table._out_rows))),
         "admission": {
             "policy": policy.kind,
             "min_count": policy.min_count,
-            "not_admitted": table._counters["not_admitted"],
+            "not_admitted": table.meta.counters["not_admitted"],
             **table._admission.stats(),
         },
-        "expired_on_pull": table._counters["expired_on_pull"],
-        "dropped_gradients": table._counters["dropped_gradients"],
-        "frozen_gradients": table._counters["frozen_gradients"],
-        "pulls_not_pushed": table._counters["pulls_not_pushed"],
+        "expired_on_pull": table.meta.counters["expired_on_pull"],
+        "dropped_gradients": table.meta.counters["dropped_gradients"],
+        "frozen_gradients": table.meta.counters["frozen_gradients"],
+        "pulls_not_pushed": table.meta.counters["pulls_not_pushed"],
         "changelog": table._changes.stats(),
     }
 

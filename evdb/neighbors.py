@@ -23,7 +23,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,21 +38,12 @@ if TYPE_CHECKING:
 __all__ = [
     "METRICS",
     "check_query",
-    "live_chunks",
     "neighbors",
     "neighbors_reference",
     "top_k",
 ]
 
 METRICS = ("cosine", "dot", "l2")
-# Slab rows scored per matmul. 8,192 rows of dim 64 are 2 MiB, so the second pass a chunk
-# needs (row norms for cosine and l2) still finds it in cache.
-_BLOCK_ROWS = 8192
-# Rows only on disk, read a chunk of this many at a time. The RocksDB tier's scan holds about
-# 1 KB of Python objects per row of a chunk while it decodes it: 65,536 rows peaked at 60-70 MB
-# traced, 16,384 at 18 MB, and scanned as fast (300k rows of dim 64: 690K rows/s against 507K).
-_DISK_CHUNK_ROWS = 16384
-
 
 def _check_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -105,7 +96,6 @@ def _prepare(
     """Every argument checked before any row is read (bad input changes nothing)."""
     k = _check_k(k)
     metric = _check_metric(metric)
-    table._db._check_open()
     q, exclude = query_vector(table, query)
     if metric == "cosine" and not np.any(q):
         raise InvalidArgumentError("query: a zero vector has no cosine similarity")
@@ -157,40 +147,6 @@ def _score(values: Float32Array, q: Float32Array, q_norm: float, metric: str) ->
     return dots
 
 
-def _cached_blocks(table: Table, min_live: int) -> Iterator[tuple[Float32Array, Int64Array]]:
-    """(values, keys) of the live rows cached in the top tier, read in place a block at a
-    time; a device tier (values not in host memory) is read through its scan instead."""
-    cache = table._chain.cache
-    if not isinstance(getattr(cache, "values", None), np.ndarray):
-        for keys, records in cache.scan(_DISK_CHUNK_ROWS):
-            live = records.last_step >= min_live
-            yield records.values[live], keys[live]
-        return
-    high = cache.alloc.high_water
-    for start in range(0, high, _BLOCK_ROWS):
-        end = min(start + _BLOCK_ROWS, high)
-        live = cache.is_live[start:end] & (cache.last_step[start:end] >= min_live)
-        values = cache.values[start:end]
-        keys = cache.row_keys[start:end]
-        if live.all():
-            yield values, keys
-        elif live.any():
-            # Scoring a partly empty block whole and dropping the dead rows' scores after
-            # would read the dead rows too; gathering the live ones reads each row once.
-            rows = np.flatnonzero(live)
-            yield values[rows], keys[rows]
-
-
-def _chunks(table: Table, min_live: int) -> Iterator[tuple[Float32Array, Int64Array]]:
-    yield from _cached_blocks(table, min_live)
-    for keys, records in table._chain.scan_below(_DISK_CHUNK_ROWS):
-        live = records.last_step >= min_live
-        if live.all():
-            yield records.values, keys
-        elif live.any():
-            yield records.values[live], keys[live]
-
-
 def check_query(
     table: Table, query: Any, k: Any = 10, metric: Any = "cosine"
 ) -> tuple[Float32Array, int | None, int, str]:
@@ -198,14 +154,6 @@ def check_query(
     float32 query vector, the query key to leave out of the answer (None for a vector), k
     and the metric. Raises what ``Table.neighbors`` raises for bad input."""
     return _prepare(table, query, k, metric)
-
-
-def live_chunks(table: Table) -> Iterator[tuple[Float32Array, Int64Array]]:
-    """``(values (m, dim) float32, keys (m,) int64)`` of every live row, a chunk at a time:
-    the top tier's slab read in place, then the rows only below. Read-only views, valid until
-    the next chunk; the table must not change meanwhile."""
-    table._db._check_open()
-    return _chunks(table, table._min_live())
 
 
 def top_k(
@@ -217,7 +165,7 @@ def top_k(
 ) -> tuple[Int64Array, Float32Array]:
     """The k rows of ``chunks`` nearest to ``q`` (keys, scores: similarity, or the distance for
     l2), ties by key, leaving out the key ``exclude``; arguments as :func:`check_query` gives
-    them. What ``Table.neighbors`` runs over :func:`live_chunks`, and what a caller with rows
+    them. What ``Table.neighbors`` runs over ``Table.live_values``, and what a caller with rows
     of its own (a server's overlay of newer rows) runs over its merged chunks."""
     q_norm = float(np.linalg.norm(q.astype(np.float64)))
     top = _TopK(k + (exclude is not None))  # one spare: the query key may be among them
@@ -233,13 +181,18 @@ def top_k(
 
 
 def neighbors(
-    table: Table, query: Any, k: Any = 10, metric: Any = "cosine", as_strings: bool = False
+    table: Table,
+    query: Any,
+    k: Any = 10,
+    metric: Any = "cosine",
+    as_strings: bool = False,
+    step: int | None = None,
 ) -> tuple[Any, Float32Array]:
     """``Table.neighbors`` (see there)."""
     q, exclude, k, metric = _prepare(table, query, k, metric)
-    if as_strings and table._strings is None:
+    if as_strings and not table.keeps_strings:
         table.strings([])  # raises, naming how to create a table that keeps them
-    keys, scores = top_k(_chunks(table, table._min_live()), q, k, metric, exclude)
+    keys, scores = top_k(table.live_values(step=step), q, k, metric, exclude)
     return (table.strings(keys) if as_strings else keys), scores
 
 

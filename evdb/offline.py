@@ -28,7 +28,6 @@ from evdb.checkpoint import MANIFEST, read_manifest
 from evdb.errors import InvalidArgumentError
 from evdb.io.importer import IMPORT_FORMATS, import_vectors
 from evdb.records import RecordBatch
-from evdb.table import Table
 
 __all__ = ["RULES", "compact", "import_file", "info"]
 
@@ -153,7 +152,7 @@ def compact(
         names = db.tables() if table is None else [db.table(table).name]
         at = db.step if step is None else step
         tables = [db.table(n) for n in names]
-        total = sum(_stored_rows(t) for t in tables)
+        total = sum(t.stored_rows() for t in tables)
         done = 0
         report: dict[str, Any] = {}
         for t in tables:
@@ -163,7 +162,7 @@ def compact(
             counts = np.zeros(len(RULES), dtype=np.int64)
             doomed: list[np.ndarray] = []
             rows = 0
-            for keys, records in t._chain.scan(_SCAN_ROWS):
+            for keys, records in t.records(_SCAN_ROWS):
                 verdict = _judge(records, at, ttl, l2, min_freq)  # rule index, -1 = keep
                 counts += np.bincount(verdict + 1, minlength=len(RULES) + 1)[1:]
                 doomed.append(keys[verdict >= 0])
@@ -345,19 +344,6 @@ def _judge(
         if mask is not None:
             verdict[mask] = i
     return verdict
-
-
-def _stored_rows(t: Table) -> int:
-    """Rows a scan of the table yields: cached rows, plus rows below the cache holds not."""
-    chain = t._chain
-    n = len(chain.cache)
-    if chain.has_rows_below:
-        assert chain.backing is not None
-        cache = chain.cache
-        high = cache.alloc.high_water
-        shadowed = int(np.count_nonzero(cache.is_live[:high] & cache.below[:high]))
-        n += len(chain.backing) - shadowed
-    return n
 
 
 def _parse_path(path: Any) -> Path:

@@ -175,9 +175,9 @@ def publish(
         # Durable and visible: only now may the logs forget what this publication carries.
         for t in tables.values():
             if reason is not None:
-                t._changes.start()
+                t.changes.start()
             else:
-                t._changes.clear()
+                t.changes.clear()
         since = 0 if reason is not None else (state.rows_since_full if state else 0)
         db._publication = _State(
             root,
@@ -185,7 +185,7 @@ def publish(
             written.digest,
             written.full,
             since + (0 if reason is not None else written.rows),
-            {n: t._uid for n, t in tables.items()},
+            {n: t.meta.uid for n, t in tables.items()},
         )
         _retain(root, written.seq, keep)
     return written.result(time.perf_counter() - start, reason)
@@ -312,15 +312,15 @@ def _full_reason(
     parent = publication_dir(root, state.seq) / _checkpoint.MANIFEST
     if not parent.exists() or _checkpoint.file_digest(parent) != state.digest:
         return f"publication {state.seq} is gone or changed"
-    now = {n: t._uid for n, t in tables.items()}
+    now = {n: t.meta.uid for n, t in tables.items()}
     if now != state.tables:
         return "tables created or dropped since the last publication"
     for t in tables.values():
-        t._changes.settle()
-    overflowed = sorted(n for n, t in tables.items() if t._changes.overflowed)
+        t.changes.settle()
+    overflowed = sorted(n for n, t in tables.items() if t.changes.overflowed)
     if overflowed:
         return f"the change log of {overflowed} overflowed (see stats()['changelog'])"
-    pending = sum(t._changes.pending()[0].shape[0] for t in tables.values())
+    pending = sum(t.changes.pending()[0].shape[0] for t in tables.values())
     live = sum(len(t) for t in tables.values())
     if state.rows_since_full + pending > max(REBASE_FRACTION * live, REBASE_MIN_ROWS):
         return "the deltas since the last full add up to more than half the rows (rebase)"
@@ -393,11 +393,7 @@ RowChunks = Iterator[tuple[Int64Array, RecordBatch]]
 
 def live_chunks(t: Table) -> RowChunks:
     """A table's live rows, a chunk of whole records at a time, from every tier."""
-    min_live = t._min_live()
-    for keys, records in t._chain.scan(_CHUNK_ROWS):
-        live = records.last_step >= min_live
-        if live.any():
-            yield keys[live], records.take(live)
+    return t.records(_CHUNK_ROWS, live_only=True)
 
 
 def _write_full(
@@ -443,9 +439,8 @@ def write_full_rows(
                     last_step=records.last_step,
                     version=records.version,
                 )
-                # Straight into the chain (upsert would stamp last_step = the step)
-                new._chain.create(np.ascontiguousarray(keys), copy)
-                new._chain.evict(out.step, new._min_live())
+                # As they are (upsert would stamp last_step = the step)
+                new.restore_records(keys, copy)
                 rows += m
             entries[name] = {**_table_entry(config), "rows": rows, "removed": 0}
             total += rows
@@ -463,8 +458,8 @@ def _write_delta(tmp: Path, tables: dict[str, Table], entries: dict[str, Any]) -
     """Per table, the current rows of the touched keys and the removed keys."""
     total_rows = total_removed = 0
     for name, t in tables.items():
-        touched, removed = t._changes.pending()
-        found, records = t._read_records(touched)  # live rows only, from whichever tier
+        touched, removed = t.changes.pending()
+        found, records = t.read_records(touched)  # live rows only, from whichever tier
         keys = touched[found]
         # A touched key without a live row now (deleted, expired, evicted) is removed too.
         gone = np.setdiff1d(np.union1d(removed, touched[~found]), keys, assume_unique=True)

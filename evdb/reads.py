@@ -32,6 +32,7 @@ def lookup(
     out: Float32Array | None,
     promote: bool,
     found: BoolArray | None,
+    min_live: int,
     later: list[Int64Array] | None = None,
 ) -> Float32Array:
     """``Table.lookup`` (see there). It changes nothing unless ``promote`` (the caller holds
@@ -56,7 +57,7 @@ def lookup(
     if bags is not None and table._chain.has_rows_below and (table._dram.locate(k) < 0).any():
         # Some rows may be on disk: read them all, then combine (the fused kernel reads
         # the DRAM tier only).
-        values = lookup(table, k, None, None, None, None, None, promote, found, later)
+        values = lookup(table, k, None, None, None, None, None, promote, found, min_live, later)
         cpu.gather_combine(
             values,
             np.arange(n, dtype=np.int64),
@@ -76,7 +77,7 @@ def lookup(
             k,
             bags.bounds,
             bags.weights,
-            table._min_live(),
+            min_live,
             bags.combiner,
             bags.max_norm,
             kind,
@@ -86,7 +87,7 @@ def lookup(
             out,
         )
         if found is not None:
-            found[:] = table.contains(k)
+            found[:] = contains(table, k, min_live)
         return out
     try:  # a probe buffer of this table's that no other lookup is using (list.pop is atomic)
         rows = table._out_rows.pop()
@@ -94,7 +95,7 @@ def lookup(
         rows = np.empty(0, dtype=np.int64)
     if rows.shape[0] < n:
         rows = np.empty(n, dtype=np.int64)
-    missing = table._dram.probe_gather(k, table._min_live(), out, rows[:n])
+    missing = table._dram.probe_gather(k, min_live, out, rows[:n])
     # Readers count at once without a lock: each ``counters[name] += n`` (str key, int value)
     # runs without an eval-breaker check between its read and its write, so CPython's GIL
     # is not handed over in between and no count is lost (a lock here cost 0.35 us a call).
@@ -104,7 +105,7 @@ def lookup(
     if missing:
         miss = rows[:n] < 0
         if table._chain.has_rows_below:
-            out[miss], have = _read_below(table, k[miss], promote, later)
+            out[miss], have = _read_below(table, k[miss], promote, later, min_live)
             if found is not None:
                 found[miss] = have
         else:
@@ -121,7 +122,7 @@ def _default_params(table: Table) -> tuple[int, int, float, float]:
 
 
 def _read_below(
-    table: Table, keys: Int64Array, promote: bool, later: list[Int64Array] | None
+    table: Table, keys: Int64Array, promote: bool, later: list[Int64Array] | None, min_live: int
 ) -> tuple[Float32Array, BoolArray]:
     """Values of keys the DRAM tier lacks: their rows below where live, else defaults,
     and which keys had a live row; with ``promote``, the rows found are cached (clean);
@@ -131,7 +132,7 @@ def _read_below(
     have = np.zeros(uniq.shape[0], dtype=bool)
     found, records = _fetch(table, uniq)
     if records is not None and len(records):
-        live = records.last_step >= table._min_live()
+        live = records.last_step >= min_live
         at = np.flatnonzero(found)[live]
         values[at] = records.values[live]
         have[at] = True
@@ -177,32 +178,32 @@ def _fetch(table: Table, keys: Int64Array) -> tuple[BoolArray, RecordBatch | Non
         return table._chain.fetch(keys)
 
 
-def contains(table: Table, keys: Any) -> BoolArray:
+def contains(table: Table, keys: Any, min_live: int) -> BoolArray:
     """``Table.contains`` (see there)."""
     k = table._keys(keys)
     rows = table._dram.locate(k)
     live = rows >= 0
-    live[table._expired(rows)] = False
+    live[table._expired(rows, min_live)] = False
     uncached = np.flatnonzero(rows < 0)
     if uncached.size and table._chain.has_rows_below:
         found, records = _fetch(table, k[uncached])
         if records is not None:
-            live[uncached[found]] = records.last_step >= table._min_live()
+            live[uncached[found]] = records.last_step >= min_live
     return live
 
 
-def read_records(table: Table, keys: Any) -> tuple[BoolArray, RecordBatch]:
-    """``Table._read_records`` (see there)."""
+def read_records(table: Table, keys: Any, min_live: int) -> tuple[BoolArray, RecordBatch]:
+    """``Table.read_records`` (see there)."""
     k = table._keys(keys)
     rows = table._dram.locate(k)
     uncached = np.flatnonzero(rows < 0)  # an expired cached row hides its copy below
-    rows[table._expired(rows)] = -1
+    rows[table._expired(rows, min_live)] = -1
     found = rows >= 0
     parts = [(np.flatnonzero(found), table._dram.read(rows[found]))]
     if uncached.size and table._chain.has_rows_below:
         hit, records = _fetch(table, k[uncached])
         if records is not None:
-            live = records.last_step >= table._min_live()
+            live = records.last_step >= min_live
             at = uncached[hit][live]
             found[at] = True
             parts.append((at, records.take(live)))

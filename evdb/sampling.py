@@ -47,8 +47,6 @@ def sample_steps(table: Table, max_rows: int) -> Iterator[RowSample | None]:
     server gives other work a turn there), then the sample."""
     if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
         raise InvalidArgumentError(f"max_rows must be an int >= 1, got {max_rows!r}")
-    table._db._check_open()
-    min_live = table._min_live()
     dim = table.dim
     prio = np.empty(0, dtype=np.uint64)
     keys = np.empty(0, dtype=np.int64)
@@ -56,22 +54,21 @@ def sample_steps(table: Table, max_rows: int) -> Iterator[RowSample | None]:
     freq = np.empty(0, dtype=np.int64)
     last = np.empty(0, dtype=np.int64)
     total = 0
-    for k, records in table._scan(_CHUNK_ROWS, strict=False):  # under the lock, chunk by chunk
-        live = records.last_step >= min_live
-        total += int(np.count_nonzero(live))
-        p = mix64_np(k[live].view(np.uint64))
-        prio = np.concatenate([prio, p])
-        keys = np.concatenate([keys, k[live]])
-        values = np.concatenate([values, records.values[live]])
-        freq = np.concatenate([freq, records.freq[live].astype(np.int64)])
-        last = np.concatenate([last, records.last_step[live]])
+    # each chunk read under the lock; writes between chunks do not stop a sample
+    for k, records in table.records(_CHUNK_ROWS, live_only=True, strict=False):
+        total += k.shape[0]
+        prio = np.concatenate([prio, mix64_np(k.view(np.uint64))])
+        keys = np.concatenate([keys, k])
+        values = np.concatenate([values, records.values])
+        freq = np.concatenate([freq, records.freq.astype(np.int64)])
+        last = np.concatenate([last, records.last_step])
         if prio.shape[0] > max_rows:
             keep = np.argpartition(prio, max_rows - 1)[:max_rows]
             prio, keys, values = prio[keep], keys[keep], values[keep]
             freq, last = freq[keep], last[keep]
         yield None
     order = np.argsort(prio, kind="stable")
-    yield RowSample(keys[order], values[order], freq[order], last[order], table._db.step, total)
+    yield RowSample(keys[order], values[order], freq[order], last[order], table.step, total)
 
 
 def sample_rows(table: Table, max_rows: int = 10_000) -> RowSample:

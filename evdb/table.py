@@ -13,16 +13,16 @@ persistence of what is not rows).
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from evdb import maintenance, reads, table_state, writes
+from evdb import maintenance, reads, writes
 from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.admission import AdmissionState
 from evdb.arrays import float_matrix, occurrence_counts
 from evdb.changelog import ChangeLog
 from evdb.config import TableConfig
@@ -35,20 +35,38 @@ from evdb.locking import exclusive, reading
 from evdb.pulled import Pulled
 from evdb.records import FREQ_MAX, FROZEN, RecordBatch
 from evdb.strings import StringKeeper
-from evdb.tiers import scoring
+from evdb.table_meta import TableMeta
 from evdb.tiers.base import Tier
 from evdb.tiers.chain import stack
 from evdb.tiers.dram import DramTier
 from evdb.tiers.hbm import HbmTier
 from evdb.tiers.rocks import RocksStrings
+from evdb.ttl import Ttl
 
 if TYPE_CHECKING:
     from evdb.database import Database
 
-__all__ = ["Pulled", "Table"]
+__all__ = ["Pulled", "Table", "TableSummary"]
 
+# Slab rows scored per matmul by neighbours: 8,192 rows of dim 64 are 2 MiB, so the second pass
+# a block needs (row norms for cosine and l2) still finds it in cache.
+_BLOCK_ROWS = 8192
+# Rows only on disk, read a chunk of this many at a time: the RocksDB tier's scan holds about
+# 1 KB of Python objects per row of a chunk while it decodes it (16,384 rows: 18 MB).
+_DISK_CHUNK_ROWS = 16384
 _DEDUP_FIRST = 8192  # pulls of up to this many keys deduplicate before probing the index
 _SAME_STEP_PUSHES = 1000  # a table with a TTL warns once when it takes this many at one step
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSummary:
+    """A table's state beside its rows, as ``Table.summary`` copies it."""
+
+    config: TableConfig
+    meta: TableMeta
+    admission: AdmissionState
+    evictions: tuple[int, int]  # the top tier's evictions, and of them expired
+    rows: int
 
 
 class Table:
@@ -104,20 +122,10 @@ class Table:
         # The top tier (DRAM, or HBM over it): the hot paths below work on it alone.
         self._dram = self._chain.cache
         self._hbm = config.hbm is not None
-        self._version = 0  # table-wide mutation counter; rows record the value that changed them
-        self._pushes = 0
-        # Names this incarnation of the table: versions restart when a table is re-created,
-        # and an incremental checkpoint must not compare them across incarnations.
-        self._uid = os.urandom(8).hex()
+        self.meta = TableMeta()  # version, pushes, uid, policy counters
+        self.ttl = Ttl(config.ttl_steps)
         # the original strings, when config.keep_strings
         self._strings = None if strings is None else StringKeeper(strings)
-        self._counters = {
-            "not_admitted": 0,
-            "expired_on_pull": 0,
-            "dropped_gradients": 0,
-            "frozen_gradients": 0,
-            "pulls_not_pushed": 0,  # pulls whose batch the next pull found not pushed
-        }
         # A push applies to the latest pull of the table, once: pulls made, and the serial
         # (the count of pulls before it) of the last one pushed.
         self._pulls = 0
@@ -135,7 +143,7 @@ class Table:
 
     # -- helpers --------------------------------------------------------------------------
     def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
-        self._db._check_open()
+        self._db.check_open()
         k = normalize_keys(keys, self.config.key_type, arg=arg)
         if self._strings is not None:
             self._strings.remember(k, keys)
@@ -150,7 +158,7 @@ class Table:
                 f"table {self.name!r} does not keep its strings (create it with "
                 "key_type='str', keep_strings=True)"
             )
-        self._db._check_open()
+        self._db.check_open()
         k = normalize_keys(keys, self.config.key_type, arg="keys")
         return self._strings.get(k)
 
@@ -166,12 +174,11 @@ class Table:
         below = self._chain.below_steps
         return below.track_steps and self._min_live() > below.floor
 
-    def _min_live(self) -> int:
-        return scoring.min_live_step(self._db.step, self.config.ttl_steps)
+    def _min_live(self, step: int | None = None) -> int:
+        return self.ttl.min_live(self._db.step if step is None else step)
 
     def _bump_version(self) -> int:
-        self._version += 1
-        return self._version
+        return self.meta.bump()
 
     def defaults(self, keys: Int64Array) -> Float32Array:
         """The value (n, dim) float32 keys without a row read."""
@@ -180,12 +187,14 @@ class Table:
             return self.config.initializer.values(keys, self.dim)
         return np.full((keys.shape[0], self.dim), dv, dtype=np.float32)
 
-    def _expired(self, rows: Int64Array) -> BoolArray:
-        """Which entries of rows (-1 = none) hold a row that has expired at db.step."""
+    def _expired(self, rows: Int64Array, min_live: int | None = None) -> BoolArray:
+        """Which entries of rows (-1 = none) hold a row that has expired (at db.step, or
+        below ``min_live``)."""
         if self.config.ttl_steps is None:
             return np.zeros(rows.shape[0], dtype=bool)
         stale = rows >= 0
-        stale[stale] = self._dram.last_step[rows[stale]] < self._min_live()
+        floor = self._min_live() if min_live is None else min_live
+        stale[stale] = self._dram.last_step[rows[stale]] < floor
         return stale
 
     def _live_rows(self, keys: Int64Array) -> Int64Array:
@@ -214,7 +223,7 @@ class Table:
         if stale.any():
             self._chain.remove_rows(rows[stale])
             rows[stale] = -1
-            self._counters["expired_on_pull"] += int(np.count_nonzero(stale))
+            self.meta.count("expired_on_pull", int(np.count_nonzero(stale)))
         return rows
 
     def _promote_misses(self, uniq: Int64Array, rows: Int64Array) -> None:
@@ -234,17 +243,10 @@ class Table:
         if not live.all():
             dead = ~live
             self._chain.remove_fetched(uniq[at[dead]], records.last_step[dead])
-            self._counters["expired_on_pull"] += int(np.count_nonzero(dead))
+            self.meta.count("expired_on_pull", int(np.count_nonzero(dead)))
             records = records.take(live)
             at = at[live]
         rows[at] = self._chain.promote(uniq[at], records, dirty=True)
-
-    @reading
-    def _read_records(self, keys: Any) -> tuple[BoolArray, RecordBatch]:
-        """Whole records (slots, freq, last_step, version too) of keys' live rows, from
-        whichever tier holds the truth: (found (n,), records of the found keys, in order).
-        For checkpoints, exports and tests; changes nothing."""
-        return reads.read_records(self, keys)
 
     # -- read path ------------------------------------------------------------------------
     def lookup(
@@ -258,6 +260,7 @@ class Table:
         out: Float32Array | None = None,
         promote: bool = False,
         found: BoolArray | None = None,
+        step: int | None = None,
     ) -> Float32Array:
         """Read rows for inference: never creates rows, never counts toward admission.
 
@@ -283,6 +286,9 @@ class Table:
         found : (n,) bool array, optional
             Written in place: whether each key has a live row (what ``contains`` says),
             from the same read (a server answers both without probing twice).
+        step : int, optional
+            Judge the TTL at this step instead of ``db.step`` (a view of a publication reads
+            at the publication's step).
 
         Returns
         -------
@@ -294,18 +300,21 @@ class Table:
         fill = None  # keys of the rows a shared read found on disk, to promote alone
         nested = lock.acquire_shared()
         try:
+            min_live = self._min_live(step)
             if nested:  # inside this thread's own call: run as it holds the lock
                 promote = promote and lock.held_exclusive()
                 return reads.lookup(
-                    self, keys, offsets, weights, combiner, max_norm, out, promote, found
-                )
+                    self, keys, offsets, weights, combiner, max_norm, out, promote, found,
+                    min_live,
+                )  # fmt: skip
             if not self._reads_mutate():
                 # Shared; the rows read from disk are promoted afterwards, alone (promotion
                 # changes the DRAM tier the other readers probe; it reads them again then).
                 later: list[Int64Array] | None = [] if promote else None
                 got = reads.lookup(
-                    self, keys, offsets, weights, combiner, max_norm, out, False, found, later
-                )
+                    self, keys, offsets, weights, combiner, max_norm, out, False, found,
+                    min_live, later,
+                )  # fmt: skip
                 if not later:
                     return got
                 fill = np.concatenate(later)
@@ -315,14 +324,20 @@ class Table:
         try:
             if fill is None:  # a read would mutate the table now: the whole lookup runs alone
                 got = reads.lookup(
-                    self, keys, offsets, weights, combiner, max_norm, out, promote, found
-                )
+                    self, keys, offsets, weights, combiner, max_norm, out, promote, found,
+                    self._min_live(step),
+                )  # fmt: skip
             else:
                 reads.promote(self, fill)
             lock.writes += promote  # rows moved between tiers: a scan in progress must know
             return got
         finally:
             lock.release_exclusive()
+
+    @property
+    def step(self) -> int:
+        """The database's global step (what TTL and ``last_step`` count in)."""
+        return self._db.step
 
     @property
     def learning_rate(self) -> float:
@@ -337,15 +352,26 @@ class Table:
         self._optimizer = dataclasses.replace(self._optimizer, lr=lr)  # validates lr
 
     @reading
-    def contains(self, keys: Any) -> BoolArray:
-        """(n,) bool: whether each key has a live row."""
-        return reads.contains(self, keys)
+    def contains(self, keys: Any, *, step: int | None = None) -> BoolArray:
+        """(n,) bool: whether each key has a live row (at ``step``, default ``db.step``)."""
+        return reads.contains(self, keys, self._min_live(step))
 
-    @reading
     def __len__(self) -> int:
         """Live rows: expired rows do not count, even before ``compact()``."""
-        self._db._check_open()
-        return self._chain.live_rows(self._min_live())
+        return self.count()
+
+    @reading
+    def count(self, *, step: int | None = None) -> int:
+        """Live rows at ``step`` (default ``db.step``): ``len(table)`` at another step."""
+        self._db.check_open()
+        return self._chain.live_rows(self._min_live(step))
+
+    @reading
+    def stored_rows(self) -> int:
+        """Rows the table stores, expired ones included (what ``records`` yields): cached
+        rows, plus the rows below that the cache does not hold."""
+        self._db.check_open()
+        return self._chain.stored_rows()
 
     def items(self, chunk_rows: int = 65536) -> Iterator[tuple[Int64Array, Float32Array]]:
         """Iterate ``(keys (m,) int64, values (m, dim) float32)`` chunks over live rows.
@@ -358,18 +384,78 @@ class Table:
         """
         return maintenance.items(self, chunk_rows)
 
-    def _scan(
-        self, chunk_rows: int = 65536, *, strict: bool = True
+    def records(
+        self,
+        chunk_rows: int = 65536,
+        *,
+        live_only: bool = False,
+        since_version: int | None = None,
+        strict: bool = True,
+        step: int | None = None,
     ) -> Iterator[tuple[Int64Array, RecordBatch]]:
-        """Every row (expired ones too) as ``(keys, records)`` chunks, from whichever tier
-        holds it, each chunk read under the database's lock: what checkpoints, exports and
-        samples read instead of the tier chain's own scan (see ``evdb.maintenance.scan``;
-        ``strict=False`` goes on past writes between chunks)."""
-        return maintenance.scan(self, chunk_rows, strict=strict)
+        """Whole records (values, slots, ``freq``, ``last_step``, ``version``, flags) as
+        ``(keys, records)`` chunks, each row once, from whichever tier holds it: what
+        checkpoints, exports, publications, samples and resharding read.
+
+        ``live_only``: only rows live at ``step`` (default ``db.step``); otherwise expired
+        rows too. ``since_version``: only rows changed after that table version (an
+        incremental checkpoint). Each chunk is read under the database's lock (shared, or
+        the caller's exclusive hold); ``strict`` as in ``items`` (False: a sample that goes
+        on past writes between chunks). Empty chunks are skipped.
+        """
+        return maintenance.records(self, chunk_rows, live_only, since_version, strict, step)
+
+    def live_values(self, *, step: int | None = None) -> Iterator[tuple[Float32Array, Int64Array]]:
+        """``(values (m, dim) float32, keys (m,) int64)`` of every live row (at ``step``), a
+        block at a time: the top tier's rows read in place, then the rows only below.
+        Read-only views, valid until the next block; the table must not change meanwhile
+        (``neighbors`` holds the lock around the whole pass)."""
+        self._db.check_open()
+        min_live = self._min_live(step)
+        yield from self._dram.live_blocks(min_live, _BLOCK_ROWS)
+        for keys, records in self._chain.scan_below(_DISK_CHUNK_ROWS):
+            live = records.last_step >= min_live
+            if live.all():
+                yield records.values, keys
+            elif live.any():
+                yield records.values[live], keys[live]
+
+    @reading
+    def read_records(self, keys: Any, *, step: int | None = None) -> tuple[BoolArray, RecordBatch]:
+        """Whole records of keys' live rows (at ``step``, default ``db.step``), from
+        whichever tier holds the truth: (found (n,), the records of the found keys, in key
+        order). Changes nothing."""
+        return reads.read_records(self, keys, self._min_live(step))
+
+    @exclusive
+    def restore_records(self, keys: Any, records: RecordBatch) -> None:
+        """Put whole records for distinct keys the table holds no row of, as they are (how
+        resharding and publications move rows). Rows beyond the top tier's room spill down
+        as training's would; a table that cannot spill refuses a batch it has no room for
+        (``CapacityError``), dropping nothing."""
+        self._db.check_writable()
+        writes.restore_records(self, np.ascontiguousarray(keys, dtype=np.int64), records)
+
+    @property
+    def changes(self) -> ChangeLog:
+        """The keys changed since the last publication (``evdb.publish`` starts, reads and
+        clears it)."""
+        return self._changes
+
+    @property
+    def keeps_strings(self) -> bool:
+        """Whether the table keeps its keys' original strings (``strings`` answers)."""
+        return self._strings is not None
 
     @reading
     def neighbors(
-        self, query: Any, k: int = 10, metric: str = "cosine", *, as_strings: bool = False
+        self,
+        query: Any,
+        k: int = 10,
+        metric: str = "cosine",
+        *,
+        as_strings: bool = False,
+        step: int | None = None,
     ) -> tuple[Any, Float32Array]:
         """Exact top-k nearest neighbours of a key or a vector among the live rows.
 
@@ -384,6 +470,8 @@ class Table:
             Cosine similarity (a row of norm 0 scores 0), dot product, or L2 distance.
         as_strings : bool
             Return the keys' original strings (a table with ``keep_strings=True``).
+        step : int, optional
+            Judge the TTL at this step instead of ``db.step``.
 
         Returns
         -------
@@ -396,7 +484,7 @@ class Table:
         """
         from evdb.neighbors import neighbors  # a leaf module: imported where it is used
 
-        return neighbors(self, query, k, metric, as_strings)
+        return neighbors(self, query, k, metric, as_strings, step)
 
     # -- training path --------------------------------------------------------------------
     def _distinct_rows(
@@ -435,7 +523,7 @@ class Table:
         (admission and ``freq`` count them; 1 each by default): a shard's owner pulls the
         distinct keys of every rank with their counts (``evdb.distributed``).
         """
-        self._db._check_writable()
+        self._db.check_writable()
         k = self._keys(keys)
         given = None if counts is None else occurrence_counts(counts, k.shape[0], "counts")
         uniq, inverse, counts, found = self._distinct_rows(k)
@@ -453,7 +541,7 @@ class Table:
                 f"dram_rows={cap}, and this table has no lower tier to spill to"
             )
         if self._pulls and self._pushed != self._pulls - 1:
-            self._counters["pulls_not_pushed"] += 1  # the batch before was never pushed
+            self.meta.count("pulls_not_pushed", 1)  # the batch before was never pushed
         self._dram.unpin_all()
         version = self._bump_version()
         rows = self._drop_expired(found)
@@ -493,7 +581,7 @@ class Table:
                 rows[new] = self._chain.create(new_keys, records)
                 dram.pin(rows[new])
                 out[new] = records.values
-            self._counters["not_admitted"] += int(miss.size - new.size)
+            self.meta.count("not_admitted", int(miss.size - new.size))
             n_have += int(new.size)
         all_in = n_have == u
         admitted = np.ones(u, dtype=bool) if all_in else rows >= 0
@@ -521,7 +609,7 @@ class Table:
         self._pulls += 1
         return self._pulls - 1
 
-    def _check_pushable(self, pulled: Any) -> None:
+    def check_pushable(self, pulled: Any) -> None:
         """Raise unless pulled is this table's latest pull, not pushed yet: a second push
         would apply its gradients twice, and a batch older than the last pull was computed
         from rows that pull may have unpinned and moved (TorchRec and DeepRec tie an update
@@ -605,8 +693,8 @@ class Table:
         one step warns once (``RuntimeWarning``): rows age by ``db.advance()``, so a loop that
         never calls it expires nothing, then everything at once.
         """
-        self._db._check_writable()
-        self._check_pushable(pulled)
+        self._db.check_writable()
+        self.check_pushable(pulled)
         u = pulled.keys.shape[0]
         n = pulled.inverse.shape[0]
         g = float_matrix(grads, ((n if per_position else u), self.dim), "grads")
@@ -633,7 +721,7 @@ class Table:
                 self._promote_misses(pulled.keys[gone], back)
                 rows[gone] = back
         version = self._bump_version()
-        self._pushes += 1
+        self.meta.pushes += 1
         self._pushed = pulled._serial
         if self.config.ttl_steps is not None:
             self._count_push_step()
@@ -650,15 +738,15 @@ class Table:
             self._dram.version,
             self._dram.is_dirty,
         )
-        self._counters["dropped_gradients"] += int(dropped)
-        self._counters["frozen_gradients"] += int(frozen)
+        self.meta.count("dropped_gradients", int(dropped))
+        self.meta.count("frozen_gradients", int(frozen))
         cpu.segment_sum_apply(
             g,
             positions,
             bounds,
             rows,
             self._optimizer.code,
-            self._optimizer.hyper(self._db.step, self._pushes),
+            self._optimizer.hyper(self._db.step, self.meta.pushes),
             self._dram.values,
             self._dram.slots,
         )
@@ -712,21 +800,68 @@ class Table:
         """Counts that say what the table holds and what its policies did."""
         return maintenance.stats(self)
 
-    # -- persistence (see evdb.database; the bodies are in evdb.table_state) ----------------
+    # -- persistence (what is not rows; the rows persist in the backing tier) -------------
     @exclusive
-    def _flush(self) -> dict[str, np.ndarray]:
-        """Write every dirty row down; returns the table's state that is not rows (counters,
-        admission, the step counts of the rows below), for the database's metadata."""
-        return table_state.flush(self)
+    def flush_state(self) -> dict[str, np.ndarray]:
+        """Write every dirty row down; returns the table's state that is not rows (its meta,
+        the admission's pending counts, the step counts of the rows below), which the
+        database saves in its metadata and hands back to ``load_state`` on open."""
+        self._chain.flush()
+        self._chain.below_steps.live(self._min_live())  # merges the expired steps' counts
+        state = self.meta.to_arrays(self._chain.cache.eviction_counts())
+        for name, arr in self._admission.to_arrays().items():
+            state[f"admission.{name}"] = arr
+        state.update(self._chain.to_arrays())  # below_steps.*, backing.*
+        return state
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restore what ``flush_state`` returned (the backing tier already holds the rows)."""
+        self.meta, evictions = TableMeta.from_arrays(state)
+        self._chain.cache.load_eviction_counts(evictions)
+        prefix = "admission."
+        self._admission.load_arrays(
+            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        )
+        self._chain.load_arrays(state)  # without a disk tier, every row is loaded into DRAM
 
     @reading
-    def _checkpoint_info(self) -> dict[str, Any]:
-        """What a checkpoint manifest records of the table (after a flush)."""
-        return table_state.checkpoint_info(self)
+    def checkpoint_info(self) -> dict[str, Any]:
+        """What a checkpoint manifest records of the table (after a flush): the uid of this
+        incarnation, its version and its live rows."""
+        return {"uid": self.meta.uid, "version": self.meta.version, "rows": len(self)}
 
-    def _load_state(self, state: dict[str, np.ndarray]) -> None:
-        """Restore what ``_flush`` returned (the backing tier already holds the rows)."""
-        table_state.load(self, state)
+    @reading
+    def summary(self) -> TableSummary:
+        """What the table holds beside its rows, copied (resharding reads it from every old
+        shard before any row moves, and hands the list to ``absorb``)."""
+        admission = self.config.admission.new_state()
+        admission.load_arrays(self._admission.to_arrays())
+        return TableSummary(
+            self.config,
+            self.meta.copy(),
+            admission,
+            self._chain.cache.eviction_counts(),
+            len(self),
+        )
+
+    @exclusive
+    def absorb(
+        self,
+        olds: list[TableSummary],
+        owns: Callable[[Int64Array], BoolArray],
+        *,
+        first: bool,
+    ) -> None:
+        """Take over what is not rows from the tables whose rows this one receives
+        (resharding): the pushes (Adam's bias correction), the highest version, the pending
+        admission counts of the keys it ``owns``, and on the ``first`` new shard only, the
+        counters and eviction counts, so that their totals stay."""
+        self.meta = self.meta.merged([o.meta for o in olds], with_counters=first)
+        self._admission.absorb([o.admission for o in olds], owns, first=first)
+        if first:
+            self._chain.cache.load_eviction_counts(
+                (sum(o.evictions[0] for o in olds), sum(o.evictions[1] for o in olds))
+            )
 
     def __repr__(self) -> str:
         return f"Table({self.name!r}, dim={self.dim}, key_type={self.config.key_type!r})"

@@ -14,7 +14,6 @@ import numpy as np
 from evdb._types import Int64Array
 from evdb.arrays import float_matrix
 from evdb.errors import CapacityError
-from evdb.locking import exclusive
 from evdb.records import FROZEN, RecordBatch
 
 if TYPE_CHECKING:
@@ -25,7 +24,7 @@ __all__ = ["delete", "upsert"]
 
 def upsert(table: Table, keys: Any, values: Any, freeze: bool | None) -> None:
     """``Table.upsert`` (see there)."""
-    table._db._check_writable()
+    table._db.check_writable()
     k = table._keys(keys)
     v = float_matrix(values, (k.shape[0], table.dim), "values")
     uniq, inverse, _ = table._dedup.unique(k)
@@ -83,7 +82,7 @@ def _check_room(table: Table, keys: Int64Array, arg: str) -> None:
 
 def delete(table: Table, keys: Any) -> int:
     """``Table.delete`` (see there)."""
-    table._db._check_writable()
+    table._db.check_writable()
     k = table._keys(keys)
     uniq, _, _ = table._dedup.unique(k)
     rows = table._dram.locate(uniq)
@@ -102,13 +101,8 @@ def delete(table: Table, keys: Any) -> int:
     return n_live
 
 
-@exclusive
 def restore_records(table: Table, keys: Int64Array, records: RecordBatch) -> None:
-    """Put whole records (values, slots, ``freq``, ``last_step``, ``version``, flags) for
-    distinct keys the table holds no row of, as they are: how resharding moves rows between
-    shards. Rows beyond the DRAM tier's room spill down as training's would; a table that
-    cannot spill refuses a batch it has no room for (``CapacityError``), dropping nothing."""
-    table._db._check_writable()
+    """``Table.restore_records`` (see there)."""
     n = keys.shape[0]
     if n == 0:
         return
@@ -120,5 +114,5 @@ def restore_records(table: Table, keys: Int64Array, records: RecordBatch) -> Non
         )
     table._chain.create(keys, records)
     table._changes.touched(keys)  # new rows: the next publication carries them
-    table._version = max(table._version, int(records.version.max()))
+    table.meta.version = max(table.meta.version, int(records.version.max()))
     table._chain.evict(table._db.step, table._min_live())

@@ -46,7 +46,7 @@ def state(db: evdb.Database) -> dict:
     for name in db.tables():
         t = db.table(name)
         keys = np.sort(np.concatenate([k for k, _ in t.items()] or [np.empty(0, np.int64)]))
-        found, recs = t._read_records(keys)
+        found, recs = t.read_records(keys)
         assert found.all()
         out[name] = (
             len(t),

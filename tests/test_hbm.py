@@ -34,7 +34,7 @@ def snapshot(t: evdb.Table) -> dict[int, np.ndarray]:
 
 
 def records_of(t: evdb.Table, keys: np.ndarray) -> tuple[np.ndarray, ...]:
-    found, recs = t._read_records(keys)
+    found, recs = t.read_records(keys)
     return found, recs.values, recs.slots, recs.freq, recs.last_step
 
 

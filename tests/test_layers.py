@@ -19,14 +19,17 @@ LAYERS = [
     {"evdb", "evdb.database", "evdb.checkpoint"}  # "evdb" is the facade, for callers only
     | {"evdb.publish"},  # Database.publish's body, beside the checkpoint code it builds on
     {"evdb.table", "evdb.pulled", "evdb.strings"}  # Table, and the modules of its method bodies
-    | {"evdb.reads", "evdb.writes", "evdb.maintenance", "evdb.table_state"}
+    | {"evdb.reads", "evdb.writes", "evdb.maintenance", "evdb.table_meta"}
     | {"evdb.neighbors", "evdb.sampling"},  # Table.neighbors' body; the dashboard's row sample
     {"evdb.dedup"},
     {"evdb.tiers"},
     {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"}
     | {"evdb.changelog"},
     {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records", "evdb.io"}
-    | {"evdb.locking"},  # the database's readers-writer lock, taken by Database and Table
+    | {
+        "evdb.locking",
+        "evdb.ttl",
+    },  # the database's readers-writer lock, taken by Database and Table
     {"evdb.kernels"},
     {"evdb.errors", "evdb._types"},
 ]

@@ -166,11 +166,11 @@ def test_slots_survive_reopen(tmp_path: Path) -> None:
         t = db.create_table("t", dim=2, optimizer=evdb.optim.Adam(lr=0.1))
         p = t.pull([1, 2])
         t.push(p, [[1.0, 2.0], [3.0, 4.0]])
-        slots = t._read_records([1, 2])[1].slots
+        slots = t.read_records([1, 2])[1].slots
     with evdb.open(tmp_path) as db:
         t = db.table("t")
         assert t.config.optimizer == evdb.optim.Adam(lr=0.1)
-        np.testing.assert_array_equal(t._read_records([1, 2])[1].slots, slots)
+        np.testing.assert_array_equal(t.read_records([1, 2])[1].slots, slots)
         p = t.pull([1])
         t.push(p, [[1.0, 1.0]])
         assert t.stats()["pushes"] == 2  # Adam's t continues after the reopen

@@ -248,7 +248,7 @@ def test_restored_records_reach_the_next_delta(tmp_path: Path) -> None:
         b = db.create_table("b", dim=2)
         a.upsert([1, 2], [[1.0, 1.0], [2.0, 2.0]])
         db.publish(root)
-        _, records = a._read_records(np.array([1, 2]))
+        _, records = a.read_records(np.array([1, 2]))
         restore_records(b, np.array([1, 2]), records)  # as resharding moves rows
         assert db.publish(root)["kind"] == "delta"
         assert _delta(root, 2, "b")["keys"].tolist() == [1, 2]

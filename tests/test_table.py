@@ -293,7 +293,7 @@ def test_rows_and_config_survive_close_and_reopen(tmp_path: Path) -> None:
         t.upsert([-(2**63)], np.full((1, 4), 0.5))
         db.advance(4)
         before, stats, cfg = snapshot(t), t.stats(), t.config
-        freq = t._read_records([1, 3])[1].freq.tolist()
+        freq = t.read_records([1, 3])[1].freq.tolist()
     with evdb.open(tmp_path) as db:
         t = db.table("t")
         assert db.step == 4
@@ -304,7 +304,7 @@ def test_rows_and_config_survive_close_and_reopen(tmp_path: Path) -> None:
         assert tiers[0]["dram"]["evictions"] == tiers[1]["dram"]["evictions"]
         assert tiers[0]["rocksdb"]["rows"] == 3 and tiers[0]["dram"]["rows"] == 0
         assert snapshot(t) == before and after == stats
-        assert t._read_records([1, 3])[1].freq.tolist() == freq
+        assert t.read_records([1, 3])[1].freq.tolist() == freq
         db.advance(4)  # rows were last touched at step 0: now expired, after the reopen too
         assert len(t) == 0
 

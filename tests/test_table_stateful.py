@@ -253,7 +253,7 @@ class TableMachine(RuleBasedStateMachine):
             for k, v in zip(keys.tolist(), vals, strict=True)
         }
         assert sorted(items) == sorted(k for k in self.rows if self.live(k))
-        found, records = self.t._read_records(pool)
+        found, records = self.t.read_records(pool)
         assert found.tolist() == [self.live(k) for k in POOL]
         live = [k for k in POOL if self.live(k)]
         assert records.last_step.tolist() == [self.rows[k]["last_step"] for k in live]

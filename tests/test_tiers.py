@@ -151,13 +151,13 @@ def test_flush_leaves_no_dirty_row_and_reopen_sees_everything(tmp_path: Path) ->
         db.flush()
         assert t.stats()["tiers"]["dram"]["dirty_rows"] == 0
         before = {k: v.tobytes() for k, v in snapshot(t).items()}
-        found, recs = t._read_records(np.arange(200))
+        found, recs = t.read_records(np.arange(200))
     with evdb.open(tmp_path) as db:
         t = db.table("t")
         assert len(t) == 200
         after = {k: v.tobytes() for k, v in snapshot(t).items()}
         assert after == before
-        found2, recs2 = t._read_records(np.arange(200))
+        found2, recs2 = t.read_records(np.arange(200))
         assert found.all() and found2.all()
         for field in ("values", "slots", "freq", "last_step", "version"):
             np.testing.assert_array_equal(getattr(recs2, field), getattr(recs, field))

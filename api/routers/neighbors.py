@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 
 import evdb
 from evdb import publish
-from evdb.neighbors import check_query, live_chunks, top_k
-from evdb.tiers.scoring import min_live_step
+from evdb.neighbors import check_query, top_k
+from evdb.ttl import min_live_step
 
 from ..codec import JSON, ApiError, body_type, dumps, parse_json, read_body, validate
 from ..deps import settings_of, table_of, use_snapshot
@@ -119,7 +119,7 @@ def _over_overlay(
     last = overlay.n_rows - 1
 
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for values, keys in live_chunks(table):
+        for values, keys in table.live_values():
             replaced = overlay.keys[np.searchsorted(overlay.keys, keys).clip(max=last)] == keys
             if not replaced.any():
                 yield values, keys

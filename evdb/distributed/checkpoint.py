@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +30,7 @@ from evdb.distributed.placement import Placement
 from evdb.errors import CorruptDataError, EvdbError, InvalidArgumentError
 from evdb.io.export import export as _export_one
 from evdb.offline import info as offline_info
-from evdb.table import Table
-from evdb.table_state import COUNTERS
-from evdb.writes import restore_records
+from evdb.table import Table, TableSummary
 
 if TYPE_CHECKING:
     from evdb.distributed.database import ShardedDatabase
@@ -140,62 +137,6 @@ def _create_like(db: Database, name: str, c: TableConfig) -> Table:
     )
 
 
-@dataclass
-class _OldState:
-    """What an old shard's table holds beside its rows (read once, before any row moves)."""
-
-    config: TableConfig
-    pushes: int
-    version: int
-    admission: dict[str, np.ndarray]
-    counters: dict[str, int]
-    evictions: int
-    expired_evictions: int
-    rows: int
-
-
-def _old_state(t: Table) -> _OldState:
-    return _OldState(
-        t.config,
-        t._pushes,
-        t._version,
-        t._admission.to_arrays(),
-        dict(t._counters),
-        t._dram.evictions,
-        t._dram.expired_evictions,
-        len(t),
-    )
-
-
-def _carry_state(
-    new: Table, olds: list[_OldState], m: int, placement: Placement, n_new: int
-) -> None:
-    """What is not rows: the global push count (Adam's bias correction), the highest version,
-    the pending admission counts of the keys shard m owns (a Bloom filter's counters summed,
-    on every new shard), and, on shard 0 only, the counters, so that their totals stay."""
-    new._pushes = olds[0].pushes
-    new._version = max([new._version] + [t.version for t in olds])
-    states = [t.admission for t in olds]
-    if "keys" in states[0]:  # Counter: per key
-        keys = np.concatenate([s["keys"] for s in states])
-        mine = placement.owners(keys, n_new) == m
-        arrays = {
-            "keys": keys[mine],
-            "counts": np.concatenate([s["counts"] for s in states])[mine],
-            "last_seen": np.concatenate([s["last_seen"] for s in states])[mine],
-            "forgotten": np.array([sum(int(s["forgotten"][0]) for s in states) if m == 0 else 0]),
-        }
-        new._admission.load_arrays(arrays)
-    elif "counters" in states[0]:  # Bloom: the filter of every key, as one process has it
-        total = np.sum([s["counters"].astype(np.int64) for s in states], axis=0)
-        new._admission.load_arrays({"counters": np.minimum(total, 255).astype(np.uint8)})
-    if m == 0:
-        for name in COUNTERS:
-            new._counters[name] = sum(t.counters[name] for t in olds)
-        new._dram.evictions = sum(t.evictions for t in olds)
-        new._dram.expired_evictions = sum(t.expired_evictions for t in olds)
-
-
 def reshard(
     src: str | os.PathLike[str],
     dest: str | os.PathLike[str],
@@ -230,13 +171,13 @@ def reshard(
     placements = {n: Placement.from_dict(p) for n, p in layout["tables"].items()}
     for p in placements.values():
         p.check(shards)
-    states: dict[str, list[_OldState]] = {name: [] for name in placements}
+    states: dict[str, list[TableSummary]] = {name: [] for name in placements}
     step = 0
     for path in olds:  # first pass: everything but the rows, one old shard at a time
         with _database.open(path, read_only=True) as db:
             step = db.step
             for name in placements:
-                states[name].append(_old_state(db.table(name)))
+                states[name].append(db.table(name).summary())
     total = sum(s.rows for table in states.values() for s in table)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp, owner = temp_dir_beside(dest)  # locked: a later checkpoint removes it if we die
@@ -256,14 +197,15 @@ def reshard(
                     with _database.open(path, read_only=True) as old:
                         for name in names:
                             placement, t = placements[name], tables[name]
-                            for keys, records in old.table(name)._chain.scan(chunk_rows):
+                            for keys, records in old.table(name).records(chunk_rows):
                                 mine = placement.owners(keys, shards) == m
-                                restore_records(t, keys[mine], records.take(mine))
+                                t.restore_records(keys[mine], records.take(mine))
                                 done += int(np.count_nonzero(mine))
                                 if progress is not None:
                                     progress(min(done, total), total)
                 for name, t in tables.items():
-                    _carry_state(t, states[name], m, placements[name], shards)
+                    owners = placements[name].owners
+                    t.absorb(states[name], lambda k, o=owners, m=m: o(k, shards) == m, first=m == 0)
                 new.checkpoint(shard_dir(tmp, m))
             shutil.rmtree(work)
             digests[shard_dir(tmp, m).name] = file_digest(shard_dir(tmp, m) / MANIFEST)

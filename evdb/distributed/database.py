@@ -157,12 +157,12 @@ class ShardedDatabase:
         self._x.barrier("open")
 
     # -- lifecycle ------------------------------------------------------------------------
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise DatabaseClosedError(f"sharded database {self.root} is closed")
 
-    def _check_writable(self) -> None:
-        self._check_open()
+    def check_writable(self) -> None:
+        self.check_open()
 
     def close(self) -> None:
         """Collective. Flush and close this rank's shard. Closing twice is a no-op."""
@@ -190,7 +190,7 @@ class ShardedDatabase:
 
     def flush(self) -> None:
         """Collective. Every rank flushes its shard (see ``Database.flush``)."""
-        self._check_writable()
+        self.check_writable()
         self._x.begin("flush")
         self.local.flush()
         self._x.barrier("flush")
@@ -204,7 +204,7 @@ class ShardedDatabase:
         table's placement, the step and every shard manifest's checksum. Returns it."""
         from evdb.distributed.checkpoint import checkpoint
 
-        self._check_writable()
+        self.check_writable()
         return checkpoint(self, Path(dest), None if base is None else Path(base))
 
     def publish(
@@ -217,7 +217,7 @@ class ShardedDatabase:
         ``seconds`` (and ``reason`` for a full one)."""
         from evdb.distributed.publish import publish
 
-        self._check_writable()
+        self.check_writable()
         return publish(self, Path(root), full, keep)
 
     # -- the global step ------------------------------------------------------------------
@@ -230,7 +230,7 @@ class ShardedDatabase:
         """Move the global step forward by n on this rank; returns it. Every rank must advance
         alike: it costs no collective, and every later collective compares the ranks' steps
         (a rank that did not advance makes the next one raise ``CollectiveError``)."""
-        self._check_writable()
+        self.check_writable()
         step = self.local.advance(n)  # validates n
         self._x.step = step
         return step
@@ -254,7 +254,7 @@ class ShardedDatabase:
         strings do not travel between ranks (hash the strings, ``key_type="str"``, and keep a
         vocabulary beside the model). Raises ``ShardLayoutError`` if the ranks disagree.
         """
-        self._check_writable()
+        self.check_writable()
         try:
             where = parse_placement(placement, buckets, num_ids)
             where.check(self.world_size)
@@ -282,7 +282,7 @@ class ShardedDatabase:
 
     def table(self, name: str) -> ShardedTable:
         """The sharded table called name; ``TableNotFoundError`` if there is none."""
-        self._check_open()
+        self.check_open()
         try:
             return self._tables[name]
         except KeyError:
@@ -291,12 +291,12 @@ class ShardedDatabase:
             ) from None
 
     def tables(self) -> list[str]:
-        self._check_open()
+        self.check_open()
         return sorted(self._tables)
 
     def drop_table(self, name: str) -> None:
         """Collective. Drop the table on every rank."""
-        self._check_writable()
+        self.check_writable()
         self.table(name)
         self._x.begin("drop_table", name)
         self.local.drop_table(name)

@@ -162,9 +162,9 @@ def publish(sdb: ShardedDatabase, root: Path, full: bool | None, keep: int) -> d
     # Durable and visible: only now may the logs forget what this publication carries.
     for t in tables.values():
         if reason is not None:
-            t._changes.start()
+            t.changes.start()
         else:
-            t._changes.clear()
+            t.changes.clear()
     state = local._publication
     since = 0 if reason is not None or state is None else state.rows_since_full
     local._publication = _publish._State(
@@ -173,7 +173,7 @@ def publish(sdb: ShardedDatabase, root: Path, full: bool | None, keep: int) -> d
         written.digest,
         written.full,
         since + (0 if reason is not None else my_rows),
-        {n: t._uid for n, t in tables.items()},
+        {n: t.meta.uid for n, t in tables.items()},
     )
     return written.result(time.perf_counter() - start, reason)
 

@@ -267,12 +267,9 @@ class _Job:
         """The live rows of t: (keys (m,) int64, values (m, dim) float32, slots (m, k)
         float32 or None), checked to add up to n (the count the headers were written with)."""
         if slots:  # items(), with the slots: the same scan and the same TTL filter
-            min_live = t._min_live()
             scan: Iterator[Chunk] = (
-                (keys[live], records.values[live], records.slots[live])
-                for keys, records in t._scan(self.chunk_rows)
-                for live in [records.last_step >= min_live]
-                if live.any()
+                (keys, records.values, records.slots)
+                for keys, records in t.records(self.chunk_rows, live_only=True)
             )
         else:
             scan = ((keys, values, None) for keys, values in t.items(self.chunk_rows))

@@ -172,7 +172,7 @@ def import_vectors(
     path = Path(src)
     if not path.is_file():
         raise FileNotFoundError(f"src: no file {path}")
-    db._check_writable()
+    db.check_writable()
     words = format != "npz"
 
     # Pass 1: every line checked, rows counted, nothing written.

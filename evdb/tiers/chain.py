@@ -257,6 +257,16 @@ class TierChain:
         )
         return cached + self.below_steps.live(min_live) - shadowed
 
+    def stored_rows(self) -> int:
+        """Rows stored, each key once, expired ones included (what ``scan`` yields)."""
+        n = len(self.cache)
+        if self.has_rows_below:
+            assert self.backing is not None
+            high = self.cache.alloc.high_water
+            shadowed = int(np.count_nonzero(self.cache.is_live[:high] & self.cache.below[:high]))
+            n += len(self.backing) - shadowed
+        return n
+
     def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
         """Every row once (expired ones included): the cached copies, then the rows below
         that the cache does not hold."""

@@ -276,6 +276,25 @@ class DramTier(Tier):
             if rows.shape[0]:
                 yield self.row_keys[rows], self.read(rows)
 
+    def live_blocks(
+        self, min_live_step: int, block_rows: int
+    ) -> Iterator[tuple[Float32Array, Int64Array]]:
+        """(values, keys) of the live rows, read in place a block of rows at a time (views,
+        valid until the tier changes)."""
+        high = self.alloc.high_water
+        for start in range(0, high, block_rows):
+            end = min(start + block_rows, high)
+            live = self.is_live[start:end] & (self.last_step[start:end] >= min_live_step)
+            values = self.values[start:end]
+            keys = self.row_keys[start:end]
+            if live.all():
+                yield values, keys
+            elif live.any():
+                # Scoring a partly empty block whole and dropping the dead rows' scores after
+                # would read the dead rows too; gathering the live ones reads each row once.
+                rows = np.flatnonzero(live)
+                yield values[rows], keys[rows]
+
     # -- the batch in flight and eviction -------------------------------------------------
     def pin(self, rows: Int64Array, *, flagged: bool = False) -> None:
         """Protect rows from eviction until ``unpin_all`` (``flagged``: the pull's kernel has
@@ -302,6 +321,13 @@ class DramTier(Tier):
         victims, expired = self.choose_victims(step, min_live_step, protect)
         self.remove_rows(victims)
         self.count_evictions(expired)
+
+    def eviction_counts(self) -> tuple[int, int]:
+        """Rows evicted, and expired rows reclaimed by eviction, since the table was made."""
+        return self.evictions, self.expired_evictions
+
+    def load_eviction_counts(self, counts: tuple[int, int]) -> None:
+        self.evictions, self.expired_evictions = (int(c) for c in counts)
 
     def count_evictions(self, expired: BoolArray) -> None:
         n_expired = int(np.count_nonzero(expired))

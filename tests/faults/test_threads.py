@@ -332,7 +332,7 @@ def test_items_holds_no_lock_between_chunks_and_says_when_a_write_came_between(
     assert not writer.is_alive()
     with pytest.raises(evdb.ConcurrentModificationError, match="changed while it was being"):
         next(scan)  # the scan could miss or repeat rows now: it says so
-    sample = t._scan(10, strict=False)  # a sample goes on past writes
+    sample = t.records(10, strict=False)  # a sample goes on past writes
     first = next(sample)[0]
     t.upsert([1001], _rows(np.array([1001]), 1))
     rest = [k for k, _ in sample]

@@ -93,7 +93,7 @@ def test_files_hold_exactly_the_live_rows(
     keys = got["keys"]
     assert keys.dtype == np.int64 and np.array_equal(np.sort(keys), LIVE)  # no expired row
     assert same_bits(got["values"], t.lookup(keys).astype(dtype))
-    found, records = t._read_records(keys)
+    found, records = t.read_records(keys)
     assert found.all() and same_bits(got["slots"], records.slots)
     assert np.abs(records.slots).sum() > 0  # the pushes left real accumulators
 
