@@ -5,6 +5,15 @@
 :class:`~evdb.errors.ConfigError` with install advice where cupy or a CUDA device is missing).
 Every backend module exports the names in ``KERNELS`` with the same signatures, which is what
 ``tests/kernels/test_parity.py``, ``tests/gpu`` and ``bench/`` iterate over.
+
+``backend`` is the only way in: outside ``evdb/kernels`` and ``evdb/tiers`` no module imports
+a backend module itself (``tests/test_layers.py``). A module that runs host kernels binds the
+backend once at import, so a call costs one module attribute lookup, as an import would::
+
+    from evdb.kernels import backend
+
+    cpu = backend("cpu")
+    cpu.hash_find(slots, keys, out)
 """
 
 from __future__ import annotations
@@ -14,9 +23,12 @@ from types import ModuleType
 
 from evdb.errors import ConfigError
 
+__all__ = ["BACKENDS", "DEVICE_BACKENDS", "KERNELS", "OptimizerKind", "backend"]
+
 KERNELS = (
     "bloom_add",
     "bloom_query",
+    "clear_flags",
     "combine_backward",
     "fill_normal",
     "fill_uniform",
@@ -25,18 +37,40 @@ KERNELS = (
     "hash_find",
     "hash_insert",
     "hash_remove",
+    "merge_newest",
     "probe_gather",
     "probe_gather_combine",
     "segment_sum_apply",
     "sketch_add",
+    "stamp_gather_pulled",
+    "stamp_pushed",
     "unique_inverse",
     "unique_rows",
+    "victim_candidates",
 )
 # Host backends: numpy arrays in and out, present wherever evdb installs. The parity suite
 # runs every one of them against "reference" on numpy inputs.
 BACKENDS = ("reference", "cpu")
 # Device backends: arrays live on the device; they need an optional install and hardware.
 DEVICE_BACKENDS = ("gpu",)
+
+
+class OptimizerKind:
+    """The codes of ``segment_sum_apply``'s ``kind``: which update rule a row gets.
+
+    Part of the kernels' shared signature, so every backend and ``evdb.optim`` read them from
+    here; ``evdb/kernels/reference/optim.py`` specifies each rule, its ``hyper`` scalars and
+    its slot layout. Plain ints (not an enum): they are passed to numba and CUDA as int64.
+    """
+
+    SGD = 0
+    ADAGRAD = 1
+    ADAM = 2
+    FTRL = 3
+    GROUP_FTRL = 4
+    ADAGRAD_DECAY = 5
+    ROWWISE_ADAGRAD = 6
+    COUNT = 7
 
 
 def backend(name: str) -> ModuleType:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from evdb.kernels.cpu import _cache  # noqa: F401 (first: it drops a stale kernel cache)
 from evdb.kernels.cpu.bags import combine_backward, gather_combine, probe_gather_combine
+from evdb.kernels.cpu.evict import victim_candidates
 from evdb.kernels.cpu.index import (
     bloom_add,
     bloom_query,
@@ -22,11 +23,14 @@ from evdb.kernels.cpu.index import (
     unique_rows,
 )
 from evdb.kernels.cpu.init import fill_normal, fill_uniform
+from evdb.kernels.cpu.merge import merge_newest
 from evdb.kernels.cpu.optim import group_positions, segment_sum_apply
+from evdb.kernels.cpu.stamp import clear_flags, stamp_gather_pulled, stamp_pushed
 
 __all__ = [
     "bloom_add",
     "bloom_query",
+    "clear_flags",
     "combine_backward",
     "fill_normal",
     "fill_uniform",
@@ -35,10 +39,14 @@ __all__ = [
     "hash_find",
     "hash_insert",
     "hash_remove",
+    "merge_newest",
     "probe_gather",
     "probe_gather_combine",
     "segment_sum_apply",
     "sketch_add",
+    "stamp_gather_pulled",
+    "stamp_pushed",
     "unique_inverse",
     "unique_rows",
+    "victim_candidates",
 ]

@@ -1,7 +1,7 @@
 """Numba victim candidates (see ``reference.evict``): one serial pass over the DRAM tier's
 columns instead of numpy's chain of masks, gathers and float64 temporaries (535,000 rows, LFU:
 2.2 ms; the numpy version of ``DramTier.choose_victims`` took 4.9 ms with its partition, this
-one 3.0). A host-side helper, not in the kernel registry."""
+one 3.0)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Numba merge of two sorted row sets, the newer winning (see ``reference.merge``): one linear
 pass that releases the GIL, so a server folding a delta into its overlay leaves the request
 threads running on the other cores. The numpy version (a stable sort of both key sets and
-gathers holding the GIL) made lookups during an apply wait for it. A host-side helper, not in
-the kernel registry."""
+gathers holding the GIL) made lookups during an apply wait for it."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 over the batch's rows instead of a numpy fancy-index read and write per metadata column
 (bench_torch's model: 42 -> 29 us a pull, 46 -> 28 us a push; what is left is the cache misses
 on the metadata columns of rows scattered over the slab). A pull's pass also pins and copies
-the rows it stamps. Private helpers of the table, not in the kernel registry."""
+the rows it stamps."""
 
 from __future__ import annotations
 

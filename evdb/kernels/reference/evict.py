@@ -1,7 +1,5 @@
-"""Reference victim candidates of the DRAM tier's eviction: which rows may be evicted, and
-their scores, in one pass over the row columns. A host-side helper, not in the kernel
-registry; ``cpu.evict`` implements the same function with the same arguments.
-"""
+"""Reference victim candidates of a cache tier's eviction: which rows may be evicted, and
+their scores, in one pass over the row columns."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Reference merge of two sorted row sets, the newer winning: how a server folds publication
-deltas into the rows it overlays on a snapshot (``evdb.api.follow``). A host-side helper, not
-in the kernel registry; ``cpu.merge`` implements the same function with the same arguments.
-"""
+deltas into the rows it overlays on a snapshot (``evdb.api.follow``)."""
 
 from __future__ import annotations
 

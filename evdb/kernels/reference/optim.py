@@ -23,7 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-SGD, ADAGRAD, ADAM, FTRL, GROUP_FTRL, ADAGRAD_DECAY, ROWWISE_ADAGRAD = range(7)
+from evdb.kernels import OptimizerKind
+
+SGD, ADAGRAD, ADAM = OptimizerKind.SGD, OptimizerKind.ADAGRAD, OptimizerKind.ADAM
+FTRL, GROUP_FTRL = OptimizerKind.FTRL, OptimizerKind.GROUP_FTRL
+ADAGRAD_DECAY, ROWWISE_ADAGRAD = OptimizerKind.ADAGRAD_DECAY, OptimizerKind.ROWWISE_ADAGRAD
 
 
 def group_positions(inverse: np.ndarray, bounds: np.ndarray, out: np.ndarray) -> None:

@@ -1,9 +1,8 @@
-"""Reference row bookkeeping of ``Table.pull`` and ``Table.push``: the metadata stamps of the
-rows a batch touches. Private helpers of the table (not in the kernel registry); ``cpu.stamp``
-implements the same functions with the same argument order.
+"""Reference row bookkeeping of a pull and a push: the metadata stamps of the rows a batch
+touches, and the unpinning of the previous batch's rows.
 
-``rows`` (u,) int64 are the distinct DRAM rows of a batch's distinct keys, -1 where a key has
-no row; the column arrays are the DRAM tier's (one entry per slab row), changed in place.
+``rows`` (u,) int64 are the distinct rows of a batch's distinct keys, -1 where a key has no
+row; the column arrays are the cache tier's (one entry per slab row), changed in place.
 """
 
 from __future__ import annotations
@@ -34,6 +33,12 @@ def stamp_pushed(
     versions[r] = version
     is_dirty[r] = True
     return int(np.count_nonzero(~have)), int(np.count_nonzero(frozen))
+
+
+def clear_flags(flags: np.ndarray, rows: np.ndarray) -> None:
+    """``flags[rows] = False`` for flags (h,) bool and rows (n,) int64, every entry in
+    [0, h) (repeats allowed): how a pull unpins the rows of the batch before it."""
+    flags[rows] = False
 
 
 def stamp_gather_pulled(
