@@ -2,19 +2,22 @@
 
 Arrays are cupy arrays on the current device, C-contiguous, of the reference's dtypes;
 outputs are written in place. Scalars may be Python or numpy numbers. Kernels that return a
-count (``probe_gather``, ``probe_gather_combine``, ``unique_inverse``, ``unique_rows``) copy
-it to the host, which waits for the device; ``hash_insert`` also waits, to check that every
-key found room. The others only enqueue work on cupy's current stream.
+count (``probe_gather``, ``probe_gather_combine``, ``unique_inverse``, ``unique_rows``, the
+stamps, ``victim_candidates``, ``merge_newest``) copy it to the host, which waits for the
+device; ``hash_insert`` also waits, to check that every key found room. The others only
+enqueue work on cupy's current stream.
 
 The CUDA C sources are ``cuda/*.cu``, one per concern like the reference's modules (index,
-bags, optim, init), each opening with its memory layout, atomics and races. They are compiled
+bags, optim, init, stamp, evict, merge), each opening with its memory layout, atomics and
+races. They are compiled
 by NVRTC through ``cupy.RawModule`` on first use, once per device (``_function`` is memoised
 by device id) and cached on disk by cupy across processes.
 
 Host-side steps that stay with cupy, where a hand kernel would buy nothing:
 
 * ``unique_inverse`` / ``unique_rows``: the prefix sum that numbers first occurrences
-  (``cupy.cumsum``, a CUB scan) between the claim and scatter kernels.
+  (``cupy.cumsum``, a CUB scan) between the claim and scatter kernels; likewise the prefix
+  sums that give ``victim_candidates`` and ``merge_newest`` their output slots.
 * ``group_positions``: one sort of ``inverse * n + position`` (``cupy.sort``, CUB's radix
   sort): the keys are distinct, so the result is the stable order whatever the sort; a hand
   counting sort would need the same ranks, i.e. a sort or a scan per key.
@@ -35,13 +38,13 @@ from typing import Any
 import numpy as np
 
 from evdb.errors import CapacityError, ConfigError, InvalidArgumentError, InvalidTypeError
+from evdb.kernels import OptimizerKind
 
 CUDA_DIR = Path(__file__).with_name("cuda")
-SOURCES = ("index", "bags", "optim", "init")
+SOURCES = ("index", "bags", "optim", "init", "stamp", "evict", "merge")
 NVRTC_OPTIONS = ("--std=c++17",)
 BLOCK = 256  # threads per block: 8 warps, enough to hide a probe's miss on every SM
 SHARED_BYTES = 48 * 1024  # dynamic shared memory available without an opt-in attribute
-N_OPTIMIZERS = 7  # reference.optim's kinds 0..6
 
 _INCLUDE = re.compile(r'^#include "([^"]+)"[^\n]*$', re.MULTILINE)
 _U64 = (1 << 64) - 1
@@ -488,7 +491,7 @@ def segment_sum_apply(
     u = _check("rows", rows, np.int64, 1).shape[0]
     dim = _check("values", values, np.float32, 2).shape[1]
     n_slots = _check("slots", slots, np.float32, 2).shape[1]
-    if not 0 <= int(kind) < N_OPTIMIZERS:
+    if not 0 <= int(kind) < OptimizerKind.COUNT:
         raise InvalidArgumentError(f"kind: unknown optimizer kind {kind}")
     # The scalars travel as kernel arguments, not a device array: a cupy hyper is read back.
     host = cp.asnumpy(hyper) if isinstance(hyper, cp.ndarray) else np.asarray(hyper)
@@ -514,9 +517,161 @@ def segment_sum_apply(
     )
 
 
+# -- row bookkeeping, eviction, merge -------------------------------------------------------
+
+
+def stamp_gather_pulled(
+    rows: Any,
+    counts: Any,
+    step: int,
+    version: int,
+    freq_max: int,
+    freq: Any,
+    last_step: Any,
+    versions: Any,
+    is_dirty: Any,
+    is_pinned: Any,
+    values: Any,
+    out: Any,
+) -> int:
+    """Stamp and pin the rows a pull found and copy them into out (see
+    reference.stamp_gather_pulled); returns how many rows were stamped."""
+    cp = _cupy()
+    u = _check("rows", rows, np.int64, 1).shape[0]
+    _check("counts", counts, np.int64, 1)
+    _check("freq", freq, np.uint32, 1)
+    _check("last_step", last_step, np.int64, 1)
+    _check("versions", versions, np.uint64, 1)
+    _check("is_dirty", is_dirty, np.bool_, 1)
+    _check("is_pinned", is_pinned, np.bool_, 1)
+    dim = _check("values", values, np.float32, 2).shape[1]
+    _check("out", out, np.float32, 2)
+    if u == 0:
+        return 0
+    stamped = cp.zeros(1, np.uint64)
+    g = _group_size(dim)
+    scalars = (_i64(u), _i64(step), _u64(version), _i64(freq_max))
+    columns = (freq, last_step, versions, is_dirty, is_pinned, values, _i64(dim), out)
+    kernel = _kernel("stamp", "stamp_gather_pulled")
+    _launch(kernel, u * g, (rows, counts, *scalars, *columns, stamped, _i32(g)))
+    return int(stamped.get()[0])
+
+
+def stamp_pushed(
+    rows: Any,
+    flags: Any,
+    frozen_bit: int,
+    step: int,
+    version: int,
+    last_step: Any,
+    versions: Any,
+    is_dirty: Any,
+) -> tuple[int, int]:
+    """A push's filter and stamp (see reference.stamp_pushed); returns (dropped, frozen)."""
+    cp = _cupy()
+    u = _check("rows", rows, np.int64, 1).shape[0]
+    _check("flags", flags, np.uint8, 1)
+    _check("last_step", last_step, np.int64, 1)
+    _check("versions", versions, np.uint64, 1)
+    _check("is_dirty", is_dirty, np.bool_, 1)
+    if u == 0:
+        return 0, 0
+    counted = cp.zeros(2, np.uint64)
+    args = (rows, _i64(u), flags, _i32(frozen_bit), _i64(step), _u64(version))
+    _launch(_kernel("stamp", "stamp_pushed"), u, (*args, last_step, versions, is_dirty, counted))
+    dropped, frozen = (int(x) for x in counted.get())
+    return dropped, frozen
+
+
+def clear_flags(flags: Any, rows: Any) -> None:
+    """flags[rows] = False (see reference.clear_flags)."""
+    _check("flags", flags, np.bool_, 1)
+    n = _check("rows", rows, np.int64, 1).shape[0]
+    _launch(_kernel("stamp", "clear_flags"), n, (flags, rows, _i64(n)))
+
+
+def victim_candidates(
+    is_live: Any,
+    is_pinned: Any,
+    is_protected: Any,
+    freq: Any,
+    last_step: Any,
+    step: int,
+    half_life_steps: int,
+    min_live_step: int,
+    lfu: bool,
+    out_rows: Any,
+    out_scores: Any,
+    out_expired: Any,
+) -> int:
+    """The rows that may be victims, in row order, with their scores (see
+    reference.victim_candidates); returns how many were written."""
+    cp = _cupy()
+    h = _check("is_live", is_live, np.bool_, 1).shape[0]
+    _check("is_pinned", is_pinned, np.bool_, 1)
+    _check("is_protected", is_protected, np.bool_, 1)
+    _check("freq", freq, np.uint32, 1)
+    _check("last_step", last_step, np.int64, 1)
+    _check("out_rows", out_rows, np.int64, 1)
+    _check("out_scores", out_scores, np.float64, 1)
+    _check("out_expired", out_expired, np.bool_, 1)
+    if h == 0:
+        return 0
+    columns = (is_live, is_pinned, is_protected, last_step, _i64(h), _i64(min_live_step))
+    take = cp.empty(h, np.int64)
+    _launch(_kernel("evict", "victim_flag"), h, (*columns, take))
+    rank = cp.cumsum(take)  # inclusive: candidate r goes to slot rank[r] - 1
+    score = (freq, _i64(step), _f64(half_life_steps), _i32(bool(lfu)), rank)
+    outs = (out_rows, out_scores, out_expired)
+    _launch(_kernel("evict", "victim_scatter"), h, (*columns, *score, *outs))
+    return int(rank[-1])
+
+
+def merge_newest(
+    a_keys: Any,
+    a_values: Any,
+    a_steps: Any,
+    a_removed: Any,
+    b_keys: Any,
+    b_values: Any,
+    b_steps: Any,
+    b_removed: Any,
+    out_keys: Any,
+    out_values: Any,
+    out_steps: Any,
+    out_removed: Any,
+) -> int:
+    """The union of two sorted row sets, b's row where both have a key (see
+    reference.merge_newest); returns how many rows were written."""
+    cp = _cupy()
+    sides: list[int] = []
+    for side, (keys, values, steps, removed) in (
+        ("a", (a_keys, a_values, a_steps, a_removed)),
+        ("b", (b_keys, b_values, b_steps, b_removed)),
+        ("out", (out_keys, out_values, out_steps, out_removed)),
+    ):
+        _check(f"{side}_values", values, np.float32, 2)
+        _check(f"{side}_steps", steps, np.int64, 1)
+        _check(f"{side}_removed", removed, np.bool_, 1)
+        sides.append(int(_check(f"{side}_keys", keys, np.int64, 1).shape[0]))
+    na, nb = sides[0], sides[1]
+    dim = out_values.shape[1]
+    if na + nb == 0:
+        return 0
+    dup = cp.zeros(max(na, 1), np.int64)
+    _launch(_kernel("merge", "merge_flag"), na, (a_keys, _i64(na), b_keys, _i64(nb), dup))
+    dups = cp.cumsum(dup)  # inclusive: a's keys in a[0 .. i] that b replaces
+    a = (a_keys, a_values, a_steps, a_removed, _i64(na))
+    b = (b_keys, b_values, b_steps, b_removed, _i64(nb))
+    outs = (out_keys, out_values, out_steps, out_removed)
+    _launch(_kernel("merge", "merge_scatter"), na + nb, (*a, *b, dups, _i64(dim), *outs))
+    return na + nb - (int(dups[na - 1]) if na else 0)
+
+
 __all__ = [
     "bloom_add",
     "bloom_query",
+    "clear_flags",
     "combine_backward",
     "fill_normal",
     "fill_uniform",
@@ -525,11 +680,15 @@ __all__ = [
     "hash_find",
     "hash_insert",
     "hash_remove",
+    "merge_newest",
     "probe_gather",
     "probe_gather_combine",
     "require",
     "segment_sum_apply",
     "sketch_add",
+    "stamp_gather_pulled",
+    "stamp_pushed",
     "unique_inverse",
     "unique_rows",
+    "victim_candidates",
 ]
