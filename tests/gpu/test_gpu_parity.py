@@ -1,11 +1,11 @@
 """Every kernel on backend("gpu") == the numpy reference, on fresh random inputs.
 
-The parity tests of tests/kernels are imported and run again with ``kernels`` bound to the
-gpu backend behind a host adapter: each numpy argument is copied to the device, the kernel
-runs, and every array is copied back into the caller's numpy array, so in-place outputs land
-where the test body looks for them. The tests below them cover what only a parallel backend
-can get wrong: many threads inserting, removing and deduplicating the same keys at once.
-All skip without cupy and a CUDA device.
+The parity table of tests/kernels (``cases.py``, every name in ``KERNELS``) is run again with
+``kernels`` bound to the gpu backend behind a host adapter: each numpy argument is copied to
+the device, the kernel runs, and every array is copied back into the caller's numpy array, so
+in-place outputs land where the case looks for them. The tests below cover what only a
+parallel backend can get wrong: many threads inserting, removing and deduplicating the same
+keys at once. All skip without cupy and a CUDA device.
 """
 
 from __future__ import annotations
@@ -19,25 +19,10 @@ import pytest
 from evdb.errors import ConfigError
 from evdb.kernels import backend
 
+from ..kernels.cases import empty_index, random_keys
 from ..kernels.test_parity import (  # noqa: F401 (collected here, run on the gpu)
-    empty_index,
-    random_keys,
-    test_bloom_add_and_query_match_reference,
-    test_fill_normal_matches_reference,
-    test_fill_uniform_matches_reference_exactly,
-    test_insert_assigns_existing_key,
-    test_insert_then_find_and_remove_match_reference,
-    test_probe_gather_matches_reference,
+    test_backend_matches_reference,
     test_remove_keeps_every_other_key_findable_under_heavy_clustering,
-    test_sketch_add_matches_reference,
-    test_unique_inverse_matches_reference,
-    test_unique_rows_matches_reference,
-)
-from ..kernels.test_parity_training import (  # noqa: F401
-    test_gather_combine_and_backward_match_reference,
-    test_group_positions_matches_reference,
-    test_probe_gather_combine_matches_reference,
-    test_segment_sum_apply_matches_reference,
 )
 
 pytestmark = pytest.mark.gpu
