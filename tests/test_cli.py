@@ -271,17 +271,17 @@ def test_import_then_info(tmp_path: Path) -> None:
 
 
 def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    from evdb.tools import cli
+    from evdb.tools import output
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
 
-    with cli._progress("scan") as progress:  # pytest's stderr is no terminal
+    with output.progress_bar("scan") as progress:  # pytest's stderr is no terminal
         assert progress is None
     tty = Tty()
     monkeypatch.setattr(sys, "stderr", tty)
-    with cli._progress("scan") as progress:
+    with output.progress_bar("scan") as progress:
         assert progress is not None
         for done in (10, 50, 100):
             progress(done, 100)
