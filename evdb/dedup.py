@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from evdb._types import Int64Array
-from evdb.kernels import cpu
+from evdb.kernels import backend
+
+cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
 __all__ = ["Deduper"]
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from evdb._types import Int64Array
-from evdb.kernels import cpu
+from evdb.kernels import backend
+
+cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
 MAX_LOAD = 0.7
 MOVE_SLOTS = 1 << 16  # old slots moved per call while growing (about 45k keys: a few ms)

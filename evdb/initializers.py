@@ -28,7 +28,9 @@ import numpy as np
 
 from evdb._types import Float32Array, Int64Array
 from evdb.errors import ConfigError
-from evdb.kernels import cpu
+from evdb.kernels import backend
+
+cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
 __all__ = [
     "Constant",

@@ -16,7 +16,7 @@ import numpy as np
 
 from evdb._types import Float32Array
 from evdb.errors import ConfigError
-from evdb.kernels.reference import optim as _rules
+from evdb.kernels import OptimizerKind as _rules
 
 __all__ = [
     "SGD",

@@ -10,7 +10,9 @@ import numpy as np
 from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.arrays import float_matrix
 from evdb.bags import Bags, parse_bags
-from evdb.kernels import cpu
+from evdb.kernels import backend
+
+cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
 __all__ = ["Pulled"]
 
