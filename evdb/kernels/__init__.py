@@ -7,8 +7,8 @@ Every backend module exports the names in ``KERNELS`` with the same signatures, 
 ``tests/kernels/test_parity.py``, ``tests/gpu`` and ``bench/`` iterate over.
 
 ``backend`` is the only way in: outside ``evdb/kernels`` and ``evdb/tiers`` no module imports
-a backend module itself (``tests/test_layers.py``). A module that runs host kernels binds the
-backend once at import, so a call costs one module attribute lookup, as an import would::
+a backend module itself. A module that runs host kernels binds the backend once at import, so
+a call costs one module attribute lookup, as an import would::
 
     from evdb.kernels import backend
 
