@@ -64,25 +64,25 @@ def train_reference(root: Path, steps: int = STEPS) -> evdb.Database:
 
 
 def dump_records(db: Any, out: Path) -> None:
-    """Every stored row of this rank's shard (or of a whole table), whole records."""
+    """Every stored row of this rank's shard (or of a whole table), whole records, and the
+    pending admission counts, through the table's public methods."""
     arrays = {}
     for name in db.tables():
         t = db.table(name)
         local = getattr(t, "local", t)
-        keys = np.concatenate([k for k, _ in local._chain.scan(4096)] or [np.empty(0, np.int64)])
-        found, rec = local._read_records(keys)
-        keys = keys[found]
+        chunks = list(local.records())
+        keys = np.concatenate([k for k, _ in chunks] or [np.empty(0, np.int64)])
         arrays[f"{name}.keys"] = keys
-        arrays[f"{name}.values"] = rec.values
-        arrays[f"{name}.slots"] = rec.slots
-        arrays[f"{name}.freq"] = rec.freq.astype(np.int64)
-        arrays[f"{name}.last_step"] = rec.last_step
-        adm = local._admission.to_arrays()
-        adm.setdefault("keys", np.empty(0, np.int64))  # no admission policy: nothing pending
-        adm.setdefault("counts", np.empty(0, np.int64))
-        order = np.argsort(adm["keys"])
-        arrays[f"{name}.pending_keys"] = adm["keys"][order]
-        arrays[f"{name}.pending_counts"] = adm["counts"][order]
+        for f in ("values", "slots", "freq", "last_step"):
+            cols = [getattr(r, f) for _, r in chunks]
+            arrays[f"{name}.{f}"] = np.concatenate(cols) if cols else np.empty(0)
+        arrays[f"{name}.freq"] = arrays[f"{name}.freq"].astype(np.int64)
+        state = local.flush_state()  # the admission's pending counts, among its state
+        pending = state.get("admission.keys", np.empty(0, np.int64)).astype(np.int64)
+        counts = state.get("admission.counts", np.empty(0, np.int64)).astype(np.int64)
+        order = np.argsort(pending)
+        arrays[f"{name}.pending_keys"] = pending[order]
+        arrays[f"{name}.pending_counts"] = counts[order]
     np.savez(out, **arrays)
 
 
