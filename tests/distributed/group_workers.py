@@ -224,3 +224,42 @@ def _count_collectives() -> Any:
         setattr(dist, name, wrapped)
     start = n[0]
     return lambda: n[0] - start
+
+
+def pipelined(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """The same training, once as the plain loop and once through ``TrainPipeline``; one
+    table spills to disk (6 rows in DRAM), so the owners' prefetch has rows to read."""
+    used = {}
+    for piped in (False, True):
+        db = evd.open(out / f"root-{piped}")
+        tables = {n: db.create_table(n, **options(n)) for n in TABLES}
+        tables["spill"] = db.create_table(
+            "spill", dim=4, dram_rows=6, optimizer=evdb.optim.Adagrad(lr=0.1)
+        )
+        coll = evd.ShardedCollection(list(tables.values()))
+        batches = [
+            {n: part(batch_of(n if n in TABLES else "sgd", s), rank, world) for n in tables}
+            for s in range(STEPS)
+        ]
+        pulls = []
+        pipe = evd.TrainPipeline(coll) if piped else None
+        pairs = (
+            pipe.run(batches, keys_of=lambda b: b)
+            if pipe is not None
+            else ((b, coll.pull(b)) for b in batches)  # lazily: each pull after the last push
+        )
+        for s, (keys, p) in enumerate(pairs):
+            pulls.append({n: p[n].rows[p[n].inverse].copy() for n in tables})
+            grads = {n: grads_for(keys[n], s, t.dim, False) for n, t in tables.items()}
+            coll.push(p, grads, per_position=True)
+            db.advance()
+        if pipe is not None:
+            pipe.close()
+        np.savez(
+            out / f"pulls-{piped}-{rank}.npz",
+            **{f"{s}.{n}": rows for s, p in enumerate(pulls) for n, rows in p.items()},
+        )
+        used[str(piped)] = int(tables["spill"].local.stats()["tiers"]["rocksdb"]["read_ahead_used"])
+        dump_records(db, out / f"piped-{piped}-shard-{rank}.npz")
+        db.close()
+    return used
