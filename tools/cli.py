@@ -15,6 +15,8 @@ Usage (``evdb`` is also ``python -m evdb``)::
                     [--allow-root DIR]... [--max-keys K] [--cache-rows R] [--mmap-reads]
                     [--no-dashboard] [--max-scan-rows N]
                     [--follow [--poll-interval S] [--max-staleness S]]
+    evdb size TRACE [--db PATH [--table T]] [--rows N,N,...] [--target X]... [--lru-only]
+                    [--plot curve.png] [--bins N] [--json]
 
 Each subcommand is a ``cmd_<name>`` that calls the library (``evdb``, ``evdb.offline``,
 ``evdb.io.export``) and prints its result: with ``--json`` one JSON object on stdout, otherwise
@@ -40,6 +42,7 @@ import evdb
 from .commands_db import cmd_checkpoint, cmd_compact, cmd_info, cmd_reshard
 from .commands_files import cmd_export, cmd_import, cmd_verify
 from .commands_serve import cmd_serve
+from .commands_size import cmd_size
 from .exit_codes import EXIT_CODES, exit_code
 
 __all__ = ["EXIT_CODES", "cli", "exit_code", "main"]
@@ -84,6 +87,7 @@ for _command in (
     cmd_verify,
     cmd_reshard,
     cmd_serve,
+    cmd_size,
 ):
     cli.add_command(_command)
 
