@@ -177,6 +177,37 @@ def test_followed_and_restarted_servers_equal_the_trainer_bit_for_bit(
         fresh_holder.close()
 
 
+def test_the_neighbours_row_limit_counts_the_rows_of_the_deltas(tmp_path: Path) -> None:
+    """--max-scan-rows counts the rows a neighbours query scans: the publication's, the rows of
+    its deltas included (the route counted the full snapshot's rows only, so a table grown past
+    the limit by deltas was scanned anyway)."""
+    root = tmp_path / "pub"
+    rng = np.random.default_rng(8)
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=4)
+        t.upsert(np.arange(100), rng.normal(size=(100, 4)).astype(np.float32))
+        db.publish(root)
+        settings = Settings(follow_root=root, poll_interval_s=3600.0, max_scan_rows=120)
+        with TestClient(create_app(settings)) as c:
+
+            def ask() -> httpx.Response:
+                return c.post("/v1/tables/item/neighbors", json={"key": 3, "k": 2})
+
+            assert ask().status_code == 200
+            t.upsert(np.arange(100, 150), rng.normal(size=(50, 4)).astype(np.float32))
+            assert db.publish(root)["kind"] == "delta"
+            assert c.app.state.follower.poll()  # applied now, not by the 3600 s timer
+            [listed] = c.get("/v1/tables").json()["tables"]
+            assert listed["rows"] == 150
+            r = ask()
+            assert r.status_code == 422 and "has 150 rows" in r.json()["detail"], r.text
+            t.delete(np.arange(40))  # back under the limit: 110 rows
+            db.publish(root)
+            assert c.app.state.follower.poll()
+            got = ask().json()
+            assert got["keys"] == t.neighbors(3, 2)[0].tolist()
+
+
 def test_deletes_compaction_and_ttl_reach_the_server(tmp_path: Path) -> None:
     root = tmp_path / "pub"
     with evdb.open(tmp_path / "db") as db:
