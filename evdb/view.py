@@ -4,37 +4,24 @@ table, as one protocol that a ``Table``, a view of a publication and (in part) a
 
 A server that follows a trainer's publications (``evdb serve ROOT --follow``) serves a full
 snapshot, opened read-only and never written, with the rows of every delta since that full
-held in memory over it::
+held in memory over it (``evdb.view_overlay``)::
 
-    TableView(table, step, overlay)
+    view = TableView(table, step, overlay)
 
-        overlay   keys 3 . 9 . 12        sorted; a row, or a tombstone (X: no row, whatever
-                       r   X   r          the table holds); older and recent layers
-        table     keys 1 3 5 9 11        the full snapshot's rows (RocksDB, read-only)
-        step      the publication's step: every TTL verdict, the overlay's and the table's
+        overlay   3: row     9: tombstone     12: row       sorted keys (two layers)
+        table     1    3    5    9    11                    the full's rows, read-only
+        step      the publication's: every TTL verdict, the overlay's and the table's
 
-    view.lookup([1, 3, 9, 4])  ->  table's 1, overlay's 3, default of 9, default of 4
+    view.lookup([1, 3, 9, 12, 4])  ->  table's 1, overlay's 3, default, overlay's 12, default
 
 The view reads at its own step, passed to the table with every call (``step=``), never set in
 per-thread state: views of one full share its database, each at its own step. A view over no
 overlay is the table at a step.
-
-Why an overlay rather than applying deltas to a writable copy: the RocksDB files stay
-immutable and shared by every worker, and a delta is applied by building new arrays off the
-request path and swapping one reference, so a read never sees half a delta; a lookup pays one
-``searchsorted`` per layer on top of the table's read. The overlay has two layers: a recent
-one that each apply merges into, folded into the older one once past an eighth of it (or
-``RECENT_ROWS``), so an apply copies the recent rows, not every row changed since the full
-(measured: merging a 10,000-row delta into a 214,000-row overlay took 7.6 ms, 3.5 of them
-copying the overlay's rows). The merges run in the ``merge_newest`` kernel, which releases the
-GIL: the numpy version (a stable sort and gathers) held it, and lookup p99 during applies was
-3.7-4.3x idle in ``bench_freshness``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -48,23 +35,46 @@ from evdb.keys import normalize_keys
 from evdb.neighbors import neighbors as _neighbors
 from evdb.records import RecordBatch
 from evdb.ttl import min_live_step
+from evdb.view_overlay import Overlay, Rows
 
 if TYPE_CHECKING:
-    from evdb.publish import Delta
     from evdb.table import Table
 
-__all__ = ["RECENT_ROWS", "Overlay", "ReadableTable", "Rows", "TableView"]
+__all__ = ["Overlay", "ReadableTable", "Rows", "TableView"]
 
 _kernels = backend("cpu")
-
-RECENT_ROWS = 65536  # the recent layer folds into the older past this (or an eighth of it)
 
 
 @runtime_checkable
 class ReadableTable(Protocol):
     """The read half of a table, at the step it reads at: what a server, a dashboard or an
-    inference binding needs, and all they may assume. ``Table`` and :class:`TableView`
-    satisfy it (``Table`` at ``db.step``, a view at its own step); see each method there."""
+    inference binding needs, and all they may assume. ``Table`` satisfies it at ``db.step``,
+    :class:`TableView` at its own step (``ShardedTable`` lacks ``count``, ``records``,
+    ``neighbors``, ``strings``, ``step`` and lookup's ``out``/``promote``). None of it creates
+    a row or counts toward admission:
+
+    ====================================  ===============================================
+    ``lookup(keys, offsets, ...)``        rows (n, dim), or bags (B, dim); a key without
+                                          a live row reads its default value
+    ``contains(keys)``                    (n,) bool: whether each key has a live row
+    ``count()``, ``len()``                live rows
+    ``records(chunk_rows, live_only=)``   ``(keys, RecordBatch)`` chunks, each row once
+    ``neighbors(query, k, metric)``       exact top-k among the live rows
+    ``strings(keys)``, ``keeps_strings``  the keys' original strings (None: unknown)
+    ``stats()``                           counts; ``rows`` is ``count()``
+    ``name``, ``dim``, ``config``         what the table is
+    ``step``                              the step TTL verdicts are made at
+    ====================================  ===============================================
+
+    Examples
+    --------
+    >>> import tempfile, evdb
+    >>> from evdb.view import ReadableTable, TableView
+    >>> with evdb.open(tempfile.mkdtemp()) as db:
+    ...     t = db.create_table("w", dim=2)
+    ...     isinstance(t, ReadableTable), isinstance(TableView(t), ReadableTable)
+    (True, True)
+    """
 
     @property
     def name(self) -> str: ...
@@ -104,127 +114,6 @@ class ReadableTable(Protocol):
     ) -> tuple[Any, Float32Array]: ...
     def strings(self, keys: Any) -> list[str | None]: ...
     def stats(self) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class Rows:
-    """One sorted set of rows over a table: keys (m,) int64 sorted and distinct, values
-    (m, dim) float32, last_step (m,) int64, removed (m,) bool (a tombstone: the key has no
-    row, whatever the table holds)."""
-
-    keys: Int64Array
-    values: Float32Array
-    last_step: Int64Array
-    removed: BoolArray
-
-    @classmethod
-    def empty(cls, dim: int) -> Rows:
-        z = np.empty(0, dtype=np.int64)
-        return cls(z, np.empty((0, dim), np.float32), z, np.empty(0, dtype=bool))
-
-    @classmethod
-    def of_delta(cls, delta: Delta) -> Rows:
-        """A delta's rows and tombstones (disjoint, each sorted) as one sorted set."""
-        dim, r = delta.values.shape[1], delta.removed.shape[0]
-        rows = cls(delta.keys, delta.values, delta.last_step, np.zeros(delta.keys.shape[0], bool))
-        tombstones = cls(
-            delta.removed,
-            np.zeros((r, dim), np.float32),
-            np.zeros(r, np.int64),
-            np.ones(r, dtype=bool),
-        )
-        return rows.under(tombstones)
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.keys.shape[0])
-
-    def under(self, newer: Rows) -> Rows:
-        """The rows of both, sorted by key, newer's where both have a key (one linear pass
-        of the ``merge_newest`` kernel, which releases the GIL)."""
-        if newer.n_rows == 0:
-            return self
-        if self.n_rows == 0:
-            return newer
-        n, dim = self.n_rows + newer.n_rows, self.values.shape[1]
-        out = Rows(
-            np.empty(n, np.int64), np.empty((n, dim), np.float32), np.empty(n, np.int64),
-            np.empty(n, dtype=bool),
-        )  # fmt: skip
-        c = np.ascontiguousarray
-        m = _kernels.merge_newest(
-            c(self.keys), c(self.values), c(self.last_step), c(self.removed),
-            c(newer.keys), c(newer.values), c(newer.last_step), c(newer.removed),
-            out.keys, out.values, out.last_step, out.removed,
-        )  # fmt: skip
-        return Rows(out.keys[:m], out.values[:m], out.last_step[:m], out.removed[:m])
-
-    def find(self, keys: Int64Array) -> tuple[Int64Array, Int64Array]:
-        """(positions in keys, their rows here) of the keys this set holds (row or tombstone)."""
-        if self.n_rows == 0:
-            z = np.empty(0, np.int64)
-            return z, z
-        at = np.searchsorted(self.keys, keys).clip(max=self.n_rows - 1)
-        hit = np.flatnonzero(self.keys[at] == keys)
-        return hit, at[hit]
-
-    def holds(self, keys: Int64Array) -> BoolArray:
-        """(n,) bool: which keys this set holds (a row or a tombstone)."""
-        held = np.zeros(keys.shape[0], dtype=bool)
-        held[self.find(keys)[0]] = True
-        return held
-
-    def live(self, min_live: int) -> BoolArray:
-        """(m,) bool: which entries are rows live at ``min_live`` (not tombstones)."""
-        return ~self.removed & (self.last_step >= min_live)
-
-
-@dataclass(frozen=True)
-class Overlay:
-    """One table's rows changed since a full snapshot, in two layers (the recent one over
-    the older; see the module docstring). Immutable: :meth:`applied` returns a new one."""
-
-    older: Rows
-    recent: Rows
-    _rows: list[Rows] = field(default_factory=list, repr=False, compare=False)
-
-    @classmethod
-    def empty(cls, dim: int) -> Overlay:
-        e = Rows.empty(dim)
-        return cls(e, e)
-
-    @property
-    def n_rows(self) -> int:
-        """Rows and tombstones held, both layers."""
-        return self.older.n_rows + self.recent.n_rows
-
-    @property
-    def layers(self) -> tuple[Rows, ...]:
-        """The non-empty layers, older first (a later layer wins)."""
-        return tuple(r for r in (self.older, self.recent) if r.n_rows)
-
-    @property
-    def rows(self) -> Rows:
-        """Both layers merged into one, built on first use and kept (for scans)."""
-        if not self._rows:  # two threads may both build it: the same rows either way
-            self._rows.append(self.older.under(self.recent))
-        return self._rows[0]
-
-    def applied(self, deltas: Sequence[Delta]) -> Overlay:
-        """This overlay with deltas applied in order (a later entry of a key wins): merged
-        into the recent layer, which folds into the older once past an eighth of it or
-        ``RECENT_ROWS``."""
-        if not deltas:
-            return self
-        newer: Rows | None = None
-        for d in deltas:
-            one = Rows.of_delta(d)
-            newer = one if newer is None else newer.under(one)
-        assert newer is not None
-        recent = self.recent.under(newer)
-        if recent.n_rows > max(self.older.n_rows // 8, RECENT_ROWS):
-            return Overlay(self.older.under(recent), Rows.empty(recent.values.shape[1]))
-        return Overlay(self.older, recent)
 
 
 class TableView:
@@ -467,10 +356,6 @@ class TableView:
     def strings(self, keys: Any) -> list[str | None]:
         """``Table.strings`` (the strings the table keeps; a delta carries none)."""
         return self.table.strings(keys)
-
-    def defaults(self, keys: Int64Array) -> Float32Array:
-        """``Table.defaults``: the value (n, dim) float32 keys without a row read."""
-        return self.table.defaults(keys)
 
     def stats(self) -> dict[str, Any]:
         """``Table.stats`` of the table under the view, with the view's ``rows`` and

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import evdb
-from evdb import view as _view
+from evdb import view_overlay
 from evdb.errors import InvalidArgumentError
 from evdb.keys import hash_strings
 from evdb.publish import Delta
@@ -198,7 +198,7 @@ def test_records_and_live_values_hold_the_plain_tables_rows(pair: Pair) -> None:
 
 def test_two_layers_folded_or_not_read_the_same(tmp_path: Path, monkeypatch) -> None:
     one = _build(tmp_path / "one", 5, n_deltas=8)
-    monkeypatch.setattr(_view, "RECENT_ROWS", 4)  # the recent layer folds at every apply
+    monkeypatch.setattr(view_overlay, "RECENT_ROWS", 4)  # the recent layer folds at every apply
     two = _build(tmp_path / "two", 5, n_deltas=8)
     assert one.view.overlay.older.n_rows == 0 and two.view.overlay.older.n_rows > 0
     keys = _random_keys(np.random.default_rng(4), 500)

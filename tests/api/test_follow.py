@@ -32,7 +32,7 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient
 
-from evdb import view as _view
+from evdb import view_overlay
 from evdb.api import Settings, create_app, failures, follow
 from evdb.api.follow import Follower, FollowSnapshot
 from evdb.api.snapshots import VERSION_HEADER, SnapshotHolder
@@ -143,7 +143,7 @@ def _assert_equal_to_trainer(db: evdb.Database, holder: SnapshotHolder) -> None:
 def test_followed_and_restarted_servers_equal_the_trainer_bit_for_bit(
     tmp_path: Path, monkeypatch, recent_rows: int
 ) -> None:
-    monkeypatch.setattr(_view, "RECENT_ROWS", recent_rows)  # 8: the recent layer folds often
+    monkeypatch.setattr(view_overlay, "RECENT_ROWS", recent_rows)  # 8: the recent layer folds often
     root = tmp_path / "pub"
     rng = np.random.default_rng(1)
     with evdb.open(tmp_path / "db") as db:
