@@ -277,7 +277,7 @@ def write_publication(
             "step": step,
             "publication": entry,
         }
-        _checkpoint._finish(tmp, dest, manifest)
+        _checkpoint.finish_dir(tmp, dest, manifest)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         _raise_storage_error(root, e)

@@ -163,7 +163,7 @@ def test_a_failed_publication_loses_nothing(tmp_path: Path, monkeypatch) -> None
             raise OSError("disk full")
 
         with monkeypatch.context() as m:
-            m.setattr(_checkpoint, "_finish", crash)
+            m.setattr(_checkpoint, "finish_dir", crash)
             with pytest.raises(OSError):
                 db.publish(root)
         assert _publish.read_head(root)["seq"] == 1  # the root still reads as before
