@@ -10,19 +10,21 @@ File format (little-endian; version 1)::
 
     "EVDBTRC1" | u32 header_len | header (UTF-8 JSON) | u32 crc32(header)
     chunk*:  "CHNK" | u32 n_batches | u64 n_keys | u32 crc32(payload) | payload
-             payload = op u8[b] | step i64[b] | length i64[b] | seen i64[b] | keys i64[n]
+             payload = op u8[b] | step i64[b] | length i64[b] | seen i64[b]
+                       | counted i64[b] | keys i64[n]
     end:     "END!" | u64 batches | u64 keys | u64 seen | u32 crc32(those 24 bytes)
 
 The header names the table, the digest of its configuration (and the configuration itself,
 so ``evdb size`` can simulate it without the database), the sampling rate and seed. ``seen``
-is each batch's key count before sampling. A batch's kept keys are one run of ``keys``; a
-batch with no kept key is not written. The end record is written by ``close``: a file without
+is each batch's key count before sampling, ``counted`` the accesses the table's hit and miss
+counters count for it (a pull's distinct keys, a lookup's positions; -1 if unknown). A batch's
+kept keys are one run of ``keys``; every call is a batch, also one that kept no key (its
+counts still weigh in the estimates). The end record is written by ``close``: a file without
 it (a crash, a copy cut short) is refused unless the caller accepts its complete chunks.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -130,6 +132,7 @@ class Trace:
         ops     [pull, lookup, pull]     (b,) uint8, index into OPS
         steps   [0,    0,      1]        (b,) int64, the database's step at the call
         seen    [812,  40,     797]      (b,) int64, the batch's keys before sampling
+        counted [430,  40,     415]      (b,) int64, accesses the table counts (-1: unknown)
     """
 
     header: TraceHeader
@@ -138,18 +141,15 @@ class Trace:
     ops: np.ndarray
     steps: Int64Array
     seen: Int64Array
+    counted: Int64Array
     complete: bool = True
     """False when read with ``allow_incomplete`` from a file without its end record."""
-    calls: int = -1
-    """Calls recorded, with those that kept no key (-1: as many as batches)."""
-    seen_total: int = -1
-    """Keys of all those calls before sampling (-1: ``seen.sum()``)."""
 
-    def __post_init__(self) -> None:
-        if self.calls < 0:
-            object.__setattr__(self, "calls", self.n_batches)
-        if self.seen_total < 0:
-            object.__setattr__(self, "seen_total", int(self.seen.sum()))
+    def counted_total(self, op: str = "pull") -> int | None:
+        """Accesses the table counted in the ``op`` calls, sampled or not (what a sampled
+        miss count is divided by, as SHARDS-adj does); None if a call did not say."""
+        c = self.counted[self.ops == OPS.index(op)]
+        return None if (c < 0).any() else int(c.sum())
 
     @property
     def n_batches(self) -> int:
@@ -190,8 +190,8 @@ class KeyRecorder:
     ...         rec.record("pull", keys, db.step)  # what Table.pull does with a recorder
     ...         _ = t.pull(keys)
     >>> tr = read_trace(os.path.join(d, "item.trace"), table=t)
-    >>> tr.keys.tolist(), tr.steps.tolist(), tr.seen.tolist()
-    ([7, 3, 7], [0], [3])
+    >>> tr.keys.tolist(), tr.steps.tolist(), tr.seen.tolist(), tr.counted.tolist()
+    ([7, 3, 7], [0], [3], [-1])
     """
 
     def __init__(
@@ -216,7 +216,7 @@ class KeyRecorder:
         self._all = self.header.rate == 1.0
         self._lock = threading.Lock()
         self._keys: list[Int64Array] = []
-        self._meta: list[tuple[int, int, int, int]] = []  # op, step, kept, seen
+        self._meta: list[tuple[int, int, int, int, int]] = []  # op, step, kept, seen, counted
         self._buffered = 0
         self.batches = self.kept = self.seen = 0
         self._file = open(self.path, "wb" if overwrite else "xb")
@@ -242,24 +242,26 @@ class KeyRecorder:
     def rate(self) -> float:
         return self.header.rate
 
-    def record(self, op: str, keys: Int64Array, step: int) -> None:
+    def record(self, op: str, keys: Int64Array, step: int, *, counted: int | None = None) -> None:
         """Keep the sampled keys of one call: ``op`` "pull" or "lookup", ``keys`` (n,) int64
-        (as the table normalised them), ``step`` the database's step. Cheap: one numba pass
-        over the keys and a copy of the kept ones (about 1% of them)."""
+        (as the table normalised them), ``step`` the database's step, ``counted`` the
+        accesses the table's hit and miss counters count for the call (``Table.pull``: its
+        distinct keys; a lookup counts every position, the default for "lookup"). Cheap: one
+        numba pass over the keys and a copy of the kept ones (about ``rate`` of them)."""
         code = _op_code(op)
         if self._file.closed:
             raise InvalidArgumentError(f"the recorder of {str(self.path)!r} is closed")
         k = np.asarray(keys)
         if k.dtype != np.int64 or k.ndim != 1:
             raise InvalidArgumentError(f"keys must be a 1-d int64 array, got {k.dtype} {k.shape}")
+        if counted is None:
+            counted = k.shape[0] if code == 1 else -1
         kept = k.copy() if self._all else sample_keys(k, self._salt, self._threshold)
         with self._lock:
             self.batches += 1
             self.seen += k.shape[0]
-            if kept.shape[0] == 0:
-                return
             self._keys.append(kept)
-            self._meta.append((code, int(step), kept.shape[0], k.shape[0]))
+            self._meta.append((code, int(step), kept.shape[0], k.shape[0], int(counted)))
             self._buffered += kept.shape[0]
             if self._buffered >= _CHUNK_KEYS or len(self._meta) >= _CHUNK_BATCHES:
                 self._write_chunk()
@@ -267,7 +269,7 @@ class KeyRecorder:
     def _write_chunk(self) -> None:
         if not self._meta:
             return
-        meta = np.array(self._meta, dtype="<i8").reshape(-1, 4)
+        meta = np.array(self._meta, dtype="<i8").reshape(-1, 5)
         keys = np.concatenate(self._keys).astype("<i8", copy=False)
         payload = b"".join(
             (
@@ -275,6 +277,7 @@ class KeyRecorder:
                 meta[:, 1].tobytes(),
                 meta[:, 2].tobytes(),
                 meta[:, 3].tobytes(),
+                meta[:, 4].tobytes(),
                 keys.tobytes(),
             )
         )
@@ -404,12 +407,15 @@ def read_trace(
         _, b, m, crc = _CHUNK_HEAD.unpack(r.take(_CHUNK_HEAD.size, "a chunk header"))
         if tag != _CHUNK:
             raise r.bad(f"a chunk header expected, found {tag!r}")
-        payload = r.take(b * 25 + m * 8, f"a chunk of {b} batches and {m} keys")
+        payload = r.take(b * 33 + m * 8, f"a chunk of {b} batches and {m} keys")
         if zlib.crc32(payload) != crc:
             raise r.bad("a chunk's checksum does not match")
-        cols = np.frombuffer(payload, dtype="<i8", count=3 * b + m, offset=b)
+        cols = np.frombuffer(payload, dtype="<i8", count=4 * b + m, offset=b)
         parts.append(
-            (np.frombuffer(payload, dtype=np.uint8, count=b), *np.split(cols, [b, 2 * b, 3 * b]))
+            (
+                np.frombuffer(payload, dtype=np.uint8, count=b),
+                *np.split(cols, [b, 2 * b, 3 * b, 4 * b]),
+            )
         )
     trace = _assemble(header, parts, complete)
     if not complete:
@@ -421,12 +427,11 @@ def read_trace(
             )
     else:
         calls, kept, seen = _END_BODY.unpack(body)
-        if kept != trace.keys.shape[0] or seen < int(trace.seen.sum()) or calls < trace.n_batches:
+        if (calls, kept, seen) != (trace.n_batches, trace.keys.shape[0], int(trace.seen.sum())):
             raise r.bad(
-                f"the end record counts {kept} keys in {calls} calls, the chunks hold "
-                f"{trace.keys.shape[0]} in {trace.n_batches}"
+                f"the end record counts {calls} calls, {kept} keys kept of {seen}; the chunks "
+                f"hold {trace.n_batches}, {trace.keys.shape[0]} of {int(trace.seen.sum())}"
             )
-        trace = dataclasses.replace(trace, calls=calls, seen_total=seen)
     return trace
 
 
@@ -459,9 +464,8 @@ def _assemble(header: TraceHeader, parts: list[tuple[np.ndarray, ...]], complete
     lengths = cat(2, np.int64)
     bounds = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths, out=bounds[1:])
-    return Trace(
-        header, cat(4, np.int64), bounds, ops, cat(1, np.int64), cat(3, np.int64), complete
-    )
+    steps, seen, counted, keys = (cat(i, np.int64) for i in (1, 3, 4, 5))
+    return Trace(header, keys, bounds, ops, steps, seen, counted, complete)
 
 
 def read_key_log(
@@ -508,19 +512,31 @@ def read_key_log(
     )
     starts = np.flatnonzero(np.diff(steps, prepend=steps[:1] - 1) != 0) if steps.size else steps
     seen = np.diff(np.append(starts, keys.shape[0]))
+    batch_of = np.repeat(np.arange(starts.shape[0]), seen)
+    code = _op_code(op)
+    # what the table would count: a pull's distinct keys per batch, a lookup's positions
+    counted = seen if code == 1 else _distinct_per_batch(keys, batch_of, starts.shape[0])
     if rate < 1.0:
         mask = _sample_mask(keys, seed, rate)
-        batch_of = np.repeat(np.arange(starts.shape[0]), seen)[mask]
-        kept_per = np.bincount(batch_of, minlength=starts.shape[0])
+        kept_per = np.bincount(batch_of[mask], minlength=starts.shape[0])
         keys = keys[mask]
     else:
         kept_per = seen
-    nonempty = kept_per > 0
-    lengths = kept_per[nonempty]
-    bounds = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=bounds[1:])
-    ops = np.full(lengths.shape[0], _op_code(op), dtype=np.uint8)
-    return Trace(header, keys, bounds, ops, steps[starts][nonempty], seen[nonempty])
+    bounds = np.zeros(kept_per.shape[0] + 1, dtype=np.int64)
+    np.cumsum(kept_per, out=bounds[1:])
+    ops = np.full(kept_per.shape[0], code, dtype=np.uint8)
+    return Trace(header, keys, bounds, ops, steps[starts], seen, counted.astype(np.int64))
+
+
+def _distinct_per_batch(keys: Int64Array, batch_of: Int64Array, n_batches: int) -> Int64Array:
+    """Distinct keys of each batch, (n_batches,) int64: one sort of (batch, key) pairs."""
+    if keys.size == 0:
+        return np.zeros(n_batches, dtype=np.int64)
+    order = np.lexsort((keys, batch_of))
+    k, b = keys[order], batch_of[order]
+    first = np.ones(k.shape[0], dtype=bool)
+    first[1:] = (k[1:] != k[:-1]) | (b[1:] != b[:-1])
+    return np.bincount(b[first], minlength=n_batches).astype(np.int64)
 
 
 def _sample_mask(keys: Int64Array, seed: int, rate: float) -> np.ndarray:
