@@ -3,8 +3,9 @@ table's sample and its overlay (``evdb.sampling`` samples one table; ``evdb.view
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -27,13 +28,14 @@ class SampleCache:
     the rows the overlay replaces or removes leave, its live rows join (a delta carries no
     pull counts: their ``freq`` is 0), and the ``max_rows`` of lowest priority are kept. So
     a server following a publish root scans a full once, not once per publication. ``scans``
-    counts the scans of whole tables taken.
+    counts the scans of whole tables taken. A sample is kept while its table object lives (a
+    weak reference) and is the one served for that name: for tables nobody writes.
     """
 
     def __init__(self, max_rows: int = 10_000) -> None:
         self.max_rows = max_rows
         self.scans = 0
-        self._held: dict[str, tuple[Table, RowSample]] = {}
+        self._held: dict[str, tuple[weakref.ref[Any], RowSample]] = {}
 
     def sample(self, table: ReadableTable) -> RowSample:
         """The sample of ``table`` (scanning it if nothing kept serves)."""
@@ -51,14 +53,14 @@ class SampleCache:
             yield from sample_steps(cast("Table", table), self.max_rows)
             return
         held = self._held.get(under.name)
-        if held is None or held[0] is not under:
+        if held is None or held[0]() is not under:
             sample = None
             for sample in sample_steps(cast("Table", under), self.max_rows):
                 if sample is None:
                     yield None
             assert sample is not None
             self.scans += 1
-            held = self._held[under.name] = (cast("Table", under), sample)
+            held = self._held[under.name] = (weakref.ref(under), sample)
         yield held[1] if view is None else _merged_sample(held[1], view, self.max_rows)
 
 
