@@ -6,9 +6,10 @@ newer publication (manifest present, every checksum, the parent link of each del
 swaps in a new :class:`FollowSnapshot` through the :class:`SnapshotHolder`: per table, an
 ``evdb.view.TableView`` of the full snapshot (RocksDB, opened read-only, never written) at
 the step of the newest applied publication, with an ``Overlay`` of the rows of every delta
-since that full (``evdb.view`` says why an overlay, and how it is layered). A delta is applied
-by building new arrays off the request path (in a thread) and swapping one reference, so
-requests in flight finish on the view they started with and never see half a delta.
+since that full (``evdb.view_overlay`` says why an overlay, and how it is layered). A delta
+is applied by building new arrays off the request path (in a thread) and swapping one
+reference, so requests in flight finish on the view they started with and never see half a
+delta.
 
 The overlay grows with the rows changed; the trainer writes a new full when the deltas add up
 to half the table (``evdb.publish.REBASE_FRACTION``) and the follower then rebases: it opens
