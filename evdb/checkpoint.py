@@ -6,13 +6,13 @@ RocksDB checkpoint of the last flush, hard-linked where the file system allows) 
 table's version. An incremental one holds, per table, the rows whose ``version`` is above the
 base's, and the sorted list of every key stored (8 bytes a row), so that opening it can drop
 the base's rows that were deleted since; its manifest names the base and the base manifest's
-checksum.
+checksum, and its ``metadata.npz`` holds the database's metadata at the checkpoint.
 
 Both are built under a temporary name beside ``dest`` and renamed into place after every file
 and directory is fsynced (``finish_dir``, which exports and publications use too): a crash
-leaves either no ``dest`` or a complete one. ``evdb.open(workdir, restore=dest)`` (and a
-read-only ``evdb.open(dest)``) verifies every checksum first and fails naming the damaged
-file; nothing opens a checkpoint for writing.
+leaves either no ``dest`` or a complete one. ``evdb.open(workdir, restore=dest)``
+(``evdb.checkpoint_restore``) and a read-only ``evdb.open(dest)`` verify every checksum first
+and fail naming the damaged file; nothing opens a checkpoint for writing.
 """
 
 from __future__ import annotations
@@ -29,12 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from evdb.errors import (
-    CorruptDataError,
-    DatabaseLockedError,
-    InvalidArgumentError,
-    StorageError,
-)
+from evdb.errors import DatabaseLockedError, InvalidArgumentError, StorageError
 from evdb.manifest import (
     FORMAT,
     MANIFEST,
@@ -48,14 +43,15 @@ from evdb.manifest import (
 
 if TYPE_CHECKING:
     from evdb.database import Database
+    from evdb.storage import Storage
     from evdb.table import Table
 
 __all__ = [
     "DELTA",
     "FORMAT",
     "MANIFEST",
+    "METADATA",
     "as_storage_error",
-    "chain_of",
     "checkpoint",
     "file_digest",
     "finish_dir",
@@ -69,6 +65,7 @@ __all__ = [
 ]
 
 DELTA = "delta"  # an incremental checkpoint's directory of changed rows, one folder a table
+METADATA = "metadata.npz"  # an incremental checkpoint's copy of the database's metadata
 _DELTA_ROWS = 1 << 18  # rows per delta file: bounds the memory of writing and applying one
 
 
@@ -206,14 +203,14 @@ def checkpoint(
     try:
         if base_manifest is None:
             manifest["kind"] = "full"
-            db._copy_current_checkpoint(tmp)
+            db.storage.copy_current_checkpoint(tmp)
         else:
             manifest["kind"] = "incremental"
             manifest["base"] = str(base)
             manifest["base_manifest"] = file_digest(Path(str(base)) / MANIFEST)
             rows = _write_delta(db, tmp, base_manifest["tables"])
             manifest["changed_rows"] = rows
-            db._write_metadata_file(tmp / "metadata.npz")
+            _write_metadata(db.storage, db.tables(), tmp / METADATA)
         finish_dir(tmp, dest, manifest)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -284,16 +281,13 @@ def _save_part(
     np.savez(out / f"rows-{part:06d}.npz", allow_pickle=False, **arrays)
 
 
-def chain_of(root: Path) -> list[Path]:
-    """The checkpoints to apply to rebuild root, oldest (the full one) first."""
-    chain = [root]
-    manifest = read_manifest(root)
-    while manifest is not None and manifest["kind"] == "incremental":
-        base = Path(manifest["base"])
-        if base.resolve() in {p.resolve() for p in chain}:  # verify=False skips the digests
-            raise CorruptDataError(f"{root}: its chain of base checkpoints loops at {base}")
-        chain.append(base)
-        manifest = read_manifest(base)
-        if manifest is None:
-            raise CorruptDataError(f"{base}: the base checkpoint is gone or no longer one")
-    return chain[::-1]
+def _write_metadata(storage: Storage, tables: list[str], path: Path) -> None:
+    """The metadata of the last flush (the database's manifest and each table's state, as
+    the store holds them) and the store's column families, for an incremental checkpoint
+    (``evdb.checkpoint_restore`` reads it back)."""
+    meta = storage.stored_metadata(tables)
+    arrays = {k: np.frombuffer(v, dtype=np.uint8) for k, v in meta.items()}
+    arrays["column_families"] = np.frombuffer(
+        json.dumps(storage.column_families).encode(), dtype=np.uint8
+    )
+    np.savez(path, allow_pickle=False, **arrays)
