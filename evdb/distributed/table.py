@@ -290,6 +290,11 @@ class ShardedTable:
                     f"pulled must be what {self.name!r}.pull() returned on this rank, got "
                     f"{type(pulled).__name__}"
                 )
+            if pulled._owner is None:
+                raise InvalidArgumentError(
+                    f"pulled: this batch of {self.name!r} came from a ShardedCollection's pull; "
+                    "push it through the collection's push"
+                )
             # a double or stale push is refused on every rank before the gradients travel
             self.local.check_pushable(pulled._owner)
             u, n = pulled.keys.shape[0], pulled.inverse.shape[0]

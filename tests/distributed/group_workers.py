@@ -137,6 +137,9 @@ def misuse(rank: int, world: int, out: Path) -> dict[str, Any]:
     row = a.lookup(np.array([1]))[0].tolist()
     attempt("double_push", lambda: coll.push(p, grads))  # refused everywhere, unchanged
     seen["row_changed_by_double_push"] = a.lookup(np.array([1]))[0].tolist() != row
+    again = coll.pull(good)  # a part of a grouped pull pushed through its table: refused
+    attempt("part_through_table", lambda: a.push(again["a"], grads["a"]))
+    coll.push(again, grads)
     # rank 0 pulls the collection while rank 1 pulls one table
     attempt("mismatch", lambda: coll.pull(good) if rank == 0 else a.pull(good["a"]))
     # a rank with other tables (another collection) is caught by the header
@@ -263,3 +266,25 @@ def pipelined(rank: int, world: int, out: Path) -> dict[str, Any]:
         dump_records(db, out / f"piped-{piped}-shard-{rank}.npz")
         db.close()
     return used
+
+
+def example(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """examples/movielens_sharded.py on synthetic data, one epoch, through the module and
+    through the pipeline (bfloat16 payloads both times): rank 0's printed lines."""
+    import contextlib
+    import io
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import movielens_sharded
+
+    lines = {}
+    for how in ("module", "pipeline"):
+        argv = ["--out", str(out / how), "--synthetic", "--epochs", "1", "--batch", "1024"]
+        argv += ["--payload", "bfloat16"] + (["--pipeline"] if how == "pipeline" else [])
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            rc = movielens_sharded.main(argv)
+        assert rc == 0, how
+        lines[how] = printed.getvalue().splitlines()
+    return lines
