@@ -154,6 +154,7 @@ class TableView:
             )
         self.table = table
         self.overlay = overlay if overlay is not None else Overlay.empty(table.dim)
+        self._layers = self.overlay.layers  # the overlay never changes: read once
         self._step = table.step if step is None else int(step)
         self._count: tuple[int, int, int] | None = None  # (step, table version, count)
 
@@ -204,13 +205,14 @@ class TableView:
         tombstones over the table's: the same arguments, checks and answer, bit for bit
         (bags are combined by the same ``gather_combine`` kernel the table uses for rows
         read from disk)."""
-        s, min_live = self._at(step)
-        layers = self.overlay.layers
-        if not layers:
+        layers = self._layers
+        if not layers:  # the table at the view's step: one call more than the table's own
             return self.table.lookup(
                 keys, offsets, weights, combiner, max_norm,
-                out=out, promote=promote, found=found, step=s,
+                out=out, promote=promote, found=found,
+                step=self._step if step is None else step,
             )  # fmt: skip
+        s, min_live = self._at(step)
         table = self.table
         k = normalize_keys(keys, table.config.key_type)
         n = k.shape[0]
@@ -236,7 +238,7 @@ class TableView:
             hit, at = rows.find(k)
             if hit.size == 0:
                 continue
-            live = rows.live(min_live)[at]
+            live = rows.live(min_live, at)
             values[hit[live]] = rows.values[at[live]]
             have[hit] = live
             dead = hit[~live]
@@ -257,9 +259,9 @@ class TableView:
         s, min_live = self._at(step)
         k = normalize_keys(keys, self.table.config.key_type)
         live = self.table.contains(k, step=s)
-        for rows in self.overlay.layers:
+        for rows in self._layers:
             hit, at = rows.find(k)
-            live[hit] = rows.live(min_live)[at]
+            live[hit] = rows.live(min_live, at)
         return live
 
     def count(self, *, step: int | None = None) -> int:

@@ -102,9 +102,12 @@ class Rows:
         held[self.find(keys)[0]] = True
         return held
 
-    def live(self, min_live: int) -> BoolArray:
-        """(m,) bool: which entries are rows live at ``min_live`` (not tombstones)."""
-        return ~self.removed & (self.last_step >= min_live)
+    def live(self, min_live: int, at: Int64Array | None = None) -> BoolArray:
+        """(m,) bool: which entries are rows live at ``min_live`` (not tombstones); with
+        ``at``, (len(at),) bool of those entries only (a lookup's hits: O(hits), not O(m))."""
+        if at is None:
+            return ~self.removed & (self.last_step >= min_live)
+        return ~self.removed[at] & (self.last_step[at] >= min_live)
 
 
 @dataclass(frozen=True)
