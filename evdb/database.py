@@ -17,7 +17,7 @@ import re
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from evdb import checkpoint as _checkpoint
 from evdb import checkpoint_restore as _restore
@@ -49,6 +49,9 @@ from evdb.optim import SGD, Optimizer
 from evdb.storage import CHECKPOINTS, POINTER, WORKING, Metadata, Storage
 from evdb.table import Table
 from evdb.tiers.hbm import require_device
+
+if TYPE_CHECKING:
+    from evdb.publish import Publisher
 
 __all__ = ["CHECKPOINTS", "POINTER", "WORKING", "Database", "open"]
 
@@ -108,7 +111,7 @@ class Database:
         self._dropped: set[str] = set()
         self._step = 0
         self._reads_at = threading.local()  # read_at's per-thread step
-        self._publication: Any = None  # evdb.publish's memory of the last publication
+        self._publisher: Publisher | None = None
         self.storage = Storage(self.path, read_only=read_only, mmap_reads=mmap_reads)
         """The directory, its checkpoints and the RocksDB store (``evdb.storage``)."""
         # a checkpoint to start from, checked before anything is created
@@ -259,9 +262,17 @@ class Database:
         [(1, 'full', 2, 0), (2, 'delta', 1, 1)]
         """
         self.check_writable()
-        from evdb import publish as _publish  # above Database: imported where it is used
+        return self.publisher.publish(root, full=full, keep=keep)
 
-        return _publish.publish(self, root, full=full, keep=keep)
+    @property
+    def publisher(self) -> Publisher:
+        """This database's side of its publications (``evdb.publish.Publisher``): what it
+        remembers of the last one, in memory, and the writing of the next."""
+        if self._publisher is None:
+            from evdb.publish import Publisher  # builds on Database: imported where it is used
+
+            self._publisher = Publisher(self)
+        return self._publisher
 
     def _metadata(self) -> Metadata:
         """What a flush stores (and a checkpoint copies): the step, each table's config, and
