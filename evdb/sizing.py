@@ -63,6 +63,11 @@ ProgressFn = Callable[[int, int], None]
 # trust (SHARDS' fixed-size variant keeps 8K; at 1K the ATC'17 miniatures were within ~1 point
 # on the traces it measured). The report says so instead of hiding it.
 MIN_SAMPLED_KEYS = 1000
+# A miniature cache smaller than this answers with a spread of a few points: which of the hot
+# keys the sample kept decides how much of its few rows the rest gets (Zipf(1.1), 2M accesses,
+# 1%: 5,000 rows as a 50-row miniature, four seeds from -5.3 to +1.4 points; 20,000 rows as 200,
+# within 0.9).
+MIN_MINIATURE_ROWS = 200
 
 
 def trace_accesses(trace: Trace, ops: Sequence[str] = ("pull",)) -> tuple[Int64Array, Int64Array]:
@@ -387,6 +392,14 @@ class SizingReport:
     @property
     def warnings(self) -> list[str]:
         out = []
+        if self.policy is not None and (self.policy.mini_rows < MIN_MINIATURE_ROWS).any():
+            small = int(self.policy.rows[self.policy.mini_rows < MIN_MINIATURE_ROWS].max())
+            out.append(
+                f"sizes up to {small:,} rows were simulated with miniatures of fewer than "
+                f"{MIN_MINIATURE_ROWS} rows: their hit rates may be off by a few points "
+                f"(record at a rate of at least {MIN_MINIATURE_ROWS / max(small, 1):.2g} to "
+                "size them)"
+            )
         if self.distinct < MIN_SAMPLED_KEYS:
             need = min(1.0, MIN_SAMPLED_KEYS / max(self.lru.distinct_estimate, 1))
             out.append(
