@@ -118,7 +118,7 @@ def _merge_deltas(parts: list[Path], tmp: Path, tables: dict[str, Any]) -> tuple
 
 def publish(sdb: ShardedDatabase, root: Path, full: bool | None, keep: int) -> dict[str, Any]:
     """``ShardedDatabase.publish`` (see there)."""
-    x, rank, local = sdb._x, sdb.rank, sdb.local
+    x, rank, local = sdb.exchange, sdb.rank, sdb.local
     start = time.perf_counter()
     try:
         _publish.check_arguments(full, keep)
