@@ -59,6 +59,7 @@ class ReadableTable(Protocol):
     ``contains(keys)``                    (n,) bool: whether each key has a live row
     ``count()``, ``len()``                live rows
     ``records(chunk_rows, live_only=)``   ``(keys, RecordBatch)`` chunks, each row once
+    ``items(chunk_rows)``                 ``(keys, values)`` chunks of the live rows
     ``neighbors(query, k, metric)``       exact top-k among the live rows
     ``strings(keys)``, ``keeps_strings``  the keys' original strings (None: unknown)
     ``stats()``                           counts; ``rows`` is ``count()``
@@ -109,6 +110,7 @@ class ReadableTable(Protocol):
     def records(
         self, chunk_rows: int = 65536, *, live_only: bool = False, strict: bool = True
     ) -> Iterator[tuple[Int64Array, RecordBatch]]: ...
+    def items(self, chunk_rows: int = 65536) -> Iterator[tuple[Int64Array, Float32Array]]: ...
     def neighbors(
         self, query: Any, k: int = 10, metric: str = "cosine", *, as_strings: bool = False
     ) -> tuple[Any, Float32Array]: ...
@@ -320,6 +322,13 @@ class TableView:
                     version=np.zeros(b - a, np.uint64),
                 ),
             )
+
+    def items(
+        self, chunk_rows: int = 65536, *, step: int | None = None
+    ) -> Iterator[tuple[Int64Array, Float32Array]]:
+        """``Table.items`` of the view: ``(keys, values)`` chunks of its live rows."""
+        for keys, recs in self.records(chunk_rows, live_only=True, step=step):
+            yield keys, recs.values
 
     def live_values(self, *, step: int | None = None) -> Iterator[tuple[Float32Array, Int64Array]]:
         """``Table.live_values`` of the view: the table's live rows the overlay leaves, then

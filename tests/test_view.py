@@ -192,6 +192,12 @@ def test_records_and_live_values_hold_the_plain_tables_rows(pair: Pair) -> None:
             for k, v in zip(keys.tolist(), vals.tolist(), strict=True)
         }
         assert values == {k: v for k, (v, _) in got.items()}
+        items = {
+            k: v
+            for keys, vals in pair.view.items(50, step=step)
+            for k, v in zip(keys.tolist(), vals.tolist(), strict=True)
+        }
+        assert items == values
     everything = rows(pair.view.records(64))  # expired rows too, never a tombstone
     assert set(everything) == set(rows(pair.plain.records(64)))
 
