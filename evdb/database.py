@@ -129,8 +129,8 @@ class Database:
         try:
             if source is not None:
                 self.storage.require_empty()  # again, now that no other process can start here
-                working = self.path / WORKING
-                self.storage.adopt(_restore.materialize(source, working, mmap_reads=mmap_reads))
+                store = _restore.materialize(source, self.path / WORKING, mmap_reads=mmap_reads)
+                self.storage.adopt(store)
                 self._load()
                 self.flush()  # the work directory is a database from now on
                 return
@@ -228,7 +228,8 @@ class Database:
         self, root: str | os.PathLike[str], *, full: bool | None = None, keep: int = 2
     ) -> dict[str, Any]:
         """Write one publication of every table into the publish root ``root``, for servers
-        that follow it (``evdb serve ROOT --follow``); see ``evdb.publish`` for the format.
+        that follow it (``evdb serve ROOT --follow``); see ``evdb.publish``, and
+        ``evdb.publish_root`` for the format.
 
         Parameters
         ----------
@@ -296,9 +297,8 @@ class Database:
         self._dropped.clear()
 
     def _release(self) -> None:
-        """Mark the database closed, close its store and let go of the directory's lock
-        (always both: the path can be opened again in this process, after an open that
-        failed midway too)."""
+        """Mark the database closed and release its storage (the store and the lock: the path
+        can be opened again in this process, after an open that failed midway too)."""
         self._closed = True
         self.storage.release()
 

@@ -238,6 +238,7 @@ class Storage:
 
     @property
     def store(self) -> RocksStore:
+        """The RocksDB store the tables' rows live in (once ``open`` or ``adopt`` gave one)."""
         assert self._store is not None, "the storage is not open"
         return self._store
 
