@@ -19,6 +19,10 @@ deduplicates before sending: a step moves, per distinct key routed off-rank, 16 
 
 Every method that touches another rank's keys is collective: every rank calls it, in the same
 order, with an empty batch if it has none.
+
+Each call pays its own collectives (3 to pull, 2 to push): a model with many tables pulls and
+pushes them together through ``evdb.distributed.ShardedCollection`` (5 a step in all), as
+``evdb.torch.EmbeddingBagCollection`` does for its sharded tables.
 """
 
 from __future__ import annotations

@@ -145,6 +145,13 @@ def misuse(rank: int, world: int, out: Path) -> dict[str, Any]:
     # a rank with other tables (another collection) is caught by the header
     other = evd.ShardedCollection([b, a] if rank == 1 else [a, b])
     attempt("other_collection", lambda: other.pull(good))
+    for what, args, kw in (
+        ("twice", ([a, a],), {}),
+        ("empty", ([],), {}),
+        ("payload", ([a, b],), {"payload_dtype": "int8"}),
+        ("not_sharded", ([a, a.local],), {}),
+    ):  # refused at construction, before any collective
+        attempt(f"config_{what}", lambda args=args, kw=kw: evd.ShardedCollection(*args, **kw))
     seen["len_end"] = [len(a), len(b)]
     db.close()
     return seen

@@ -138,6 +138,29 @@ def test_a_failing_rank_makes_every_rank_raise(tmp_path: Path) -> None:
         assert "not in the same collective call" in seen[r]["mismatch"][1]
         assert seen[r]["other_collection"][0] == "CollectiveError"
         assert seen[r]["len_end"] == seen[0]["len_end"]
+        for what, words in (
+            ("twice", "'a' is given twice"),
+            ("empty", "at least one"),
+            ("payload", "payload_dtype must be one of"),
+            ("not_sharded", "tables[1] must be a ShardedTable"),
+        ):
+            assert seen[r][f"config_{what}"][0] == "ConfigError", what
+            assert words in seen[r][f"config_{what}"][1], what
+
+
+def test_module_payload_needs_sharded_tables(tmp_path: Path) -> None:
+    """Over ordinary tables the module makes no collection, and a 16-bit payload (which only
+    the grouped exchange has) is refused naming the condition."""
+    import evdb
+    from evdb.torch import EmbeddingBagCollection
+
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("t", dim=4)
+        assert EmbeddingBagCollection({"f": t}).collection is None
+        with pytest.raises(ValueError, match="applies to the grouped exchange of sharded"):
+            EmbeddingBagCollection({"f": t}, payload_dtype="bfloat16")
+        with pytest.raises(ValueError, match="payload_dtype must be one of"):
+            EmbeddingBagCollection({"f": t}, payload_dtype="fp8")
 
 
 def test_a_dead_rank_fails_the_grouped_call(tmp_path: Path) -> None:
