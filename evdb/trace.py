@@ -41,7 +41,7 @@ import numpy as np
 from evdb._types import Int64Array
 from evdb.errors import CorruptDataError, InvalidArgumentError
 from evdb.kernels.hashing import mix64_np
-from evdb.sizing_kernels import sample_keys, sample_threshold
+from evdb.sizing_kernels import sample_into, sample_threshold
 
 if TYPE_CHECKING:
     from evdb.config import TableConfig
@@ -211,8 +211,8 @@ class KeyRecorder:
             table, conf, config_digest(conf), _parse_rate(rate), _parse_seed(seed)
         )
         self.path = Path(path)
-        self._salt = _salt(seed)
-        self._threshold = sample_threshold(self.header.rate)
+        self._salt = np.uint64(_salt(seed))
+        self._threshold = np.uint64(sample_threshold(self.header.rate))
         self._all = self.header.rate == 1.0
         self._lock = threading.Lock()
         self._keys: list[Int64Array] = []
@@ -251,17 +251,24 @@ class KeyRecorder:
         code = _op_code(op)
         if self._file.closed:
             raise InvalidArgumentError(f"the recorder of {str(self.path)!r} is closed")
-        k = np.asarray(keys)
+        k = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
         if k.dtype != np.int64 or k.ndim != 1:
             raise InvalidArgumentError(f"keys must be a 1-d int64 array, got {k.dtype} {k.shape}")
+        n = k.shape[0]
         if counted is None:
-            counted = k.shape[0] if code == 1 else -1
-        kept = k.copy() if self._all else sample_keys(k, self._salt, self._threshold)
+            counted = n if code == 1 else -1
+        if self._all:
+            kept = k.copy()
+        else:
+            if not k.flags.c_contiguous:
+                k = np.ascontiguousarray(k)
+            out = np.empty(n, dtype=np.int64)
+            kept = out[: sample_into(k, self._salt, self._threshold, out)].copy()
         with self._lock:
             self.batches += 1
-            self.seen += k.shape[0]
+            self.seen += n
             self._keys.append(kept)
-            self._meta.append((code, int(step), kept.shape[0], k.shape[0], int(counted)))
+            self._meta.append((code, int(step), kept.shape[0], n, int(counted)))
             self._buffered += kept.shape[0]
             if self._buffered >= _CHUNK_KEYS or len(self._meta) >= _CHUNK_BATCHES:
                 self._write_chunk()

@@ -217,3 +217,11 @@ def test_parquet_key_log(tmp_path: Path) -> None:
     tr = read_key_log(tmp_path / "k.parquet", column="item_id", step_column="ts")
     assert tr.n_batches == 100
     np.testing.assert_array_equal(tr.keys, keys)
+
+
+def test_strided_keys_are_recorded(tmp_path: Path) -> None:
+    keys = np.arange(100_000, dtype=np.int64)
+    with KeyRecorder(tmp_path / "t", table="x", rate=0.1, seed=9) as rec:
+        rec.record("pull", keys[::3], 0)  # a view of the caller's array
+    want = sample_keys_reference(keys[::3].copy(), 9 ^ 0x9E3779B97F4A7C15, sample_threshold(0.1))
+    np.testing.assert_array_equal(read_trace(tmp_path / "t").keys, want)
