@@ -31,7 +31,7 @@ CHILD = textwrap.dedent(
             if i == 10:  # warmed up: the DRAM tier is full, RocksDB has its memtables
                 base = rss()
             peak = max(peak, rss())
-        assert len(t) == 50 * N and len(t._dram) <= N
+        assert len(t) == 50 * N and t.stats()["tiers"]["dram"]["rows"] <= N
         print(peak - base)
     """
 )
