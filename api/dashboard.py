@@ -14,6 +14,9 @@ JSON, under ``/v1/dashboard`` (no admin action, nothing changes):
   at most 10,000 rows (``evdb.sampling``) taken once per snapshot, not per page load: the key
   frequencies as a log-log rank/frequency curve with its fitted slope, the rows' ages
   (``step - last_step``) as a histogram against the TTL, and a 2-D PCA of at most 5,000 rows.
+
+Every table is read as a ``ReadableTable`` (``evdb.view``): following a publish root, the
+publication's view, whose sample ``evdb.view_sample.SampleCache`` builds from its full's.
 """
 
 from __future__ import annotations
@@ -30,10 +33,9 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 import evdb
-from evdb import publish
-from evdb.kernels.hashing import mix64_np
-from evdb.sampling import RowSample, sample_rows, sample_steps
-from evdb.ttl import min_live_step
+from evdb.sampling import RowSample
+from evdb.view import ReadableTable
+from evdb.view_sample import SampleCache
 
 from .codec import JSON, ApiError, dumps
 from .deps import settings_of, table_of, use_snapshot
@@ -157,15 +159,15 @@ def pca_2d(values: np.ndarray) -> tuple[np.ndarray, list[float]]:
     return xy, [*share, 0.0][:2]
 
 
-def _labels(table: evdb.Table, keys: np.ndarray) -> list[str]:
-    if table.config.keep_strings:
+def _labels(table: ReadableTable, keys: np.ndarray) -> list[str]:
+    if table.keeps_strings:
         strings = table.strings(keys)
         return [s if s is not None else str(k) for s, k in zip(strings, keys.tolist(), strict=True)]
     return [str(k) for k in keys.tolist()]
 
 
 @dataclass
-class TableView:
+class TableFigures:
     distributions: dict[str, Any]
     projection: dict[str, Any]
 
@@ -173,38 +175,32 @@ class TableView:
 class Views:
     """Each table's sampled figures, computed once per snapshot or publication: ahead of time
     by :meth:`warm` (the sampler runs it after each tick), or by the first request that needs
-    them before that.
-
-    The row sample itself is kept per database: following a publish root, the publications
-    built on one full snapshot share its database, so each of them only merges its overlay
-    (the rows changed since the full, a small sorted set) into the full's sample instead of
-    scanning the full again.
+    them before that. The row samples are kept in ``samples`` (a ``SampleCache``): following
+    a publish root, a publication's sample is its full's with the publication's newer rows
+    merged in, so a full is scanned once, not once per publication.
     """
 
     def __init__(self, holder: SnapshotHolder) -> None:
         self.holder = holder
+        self.samples = SampleCache(SAMPLE_ROWS)
         self._snap: Snapshot | None = None
-        self._views: dict[str, TableView] = {}
-        self._db: evdb.Database | None = None
-        self._samples: dict[str, RowSample] = {}
+        self._views: dict[str, TableFigures] = {}
 
-    def get(self, snap: Snapshot, name: str) -> TableView:
+    def computed(self) -> list[str]:
+        """The tables of the current snapshot whose figures are computed, sorted."""
+        return sorted(self._views)
+
+    def get(self, snap: Snapshot, name: str) -> TableFigures:
         self._forget_old(snap)
         view = self._views.get(name)
         if view is None:
             table = table_of(snap, name)
-            sample = self._samples.get(name)
-            if sample is None:
-                _at_view_step(snap)
-                sample = self._samples[name] = sample_rows(table, SAMPLE_ROWS)
-            view = self._views[name] = _compute(snap, table, name, sample)
+            view = self._views[name] = _compute(table, name, self.samples.sample(table))
         return view
 
     def _forget_old(self, snap: Snapshot) -> None:
         if snap is not self._snap:
             self._snap, self._views = snap, {}
-        if snap.db is not self._db:
-            self._db, self._samples = snap.db, {}
 
     async def warm(self) -> None:
         """Sample the current snapshot's tables that have no figures yet, giving the event
@@ -218,56 +214,19 @@ class Views:
             for name, table in list(snap.tables.items()):
                 if name in self._views:
                     continue
-                sample = self._samples.get(name)
-                if sample is None:
-                    _at_view_step(snap)
-                    for step in sample_steps(table, SAMPLE_ROWS):
-                        sample = step  # None until the scan's end
+                sample = None
+                for sample in self.samples.steps(table):  # None until the scan's end
+                    if sample is None:
                         await asyncio.sleep(0)
                         if self.holder.current is not snap or name in self._views:
                             return  # a reload meanwhile, or a request computed it: again
-                        _at_view_step(snap)  # others' requests set the step between chunks
-                    assert sample is not None
-                    self._samples[name] = sample
-                self._views[name] = _compute(snap, table, name, sample)
+                assert sample is not None
+                self._views[name] = _compute(table, name, sample)
         finally:
             self.holder.release(snap)
 
 
-def _at_view_step(snap: Snapshot) -> None:
-    """Following a publish root, the publications built on one full share its database, each
-    at its own step: set the step of this one before reading rows (TTL verdicts)."""
-    if hasattr(snap, "overlays"):
-        publish.serve_at(snap.db, snap.info()["step"])
-
-
-def _with_overlay(snap: Snapshot, name: str, table: evdb.Table, sample: RowSample) -> RowSample:
-    """The sample as of this snapshot: rows expired at its step leave; following a publish
-    root, the rows the publication's overlay replaces or removes leave and its live rows join
-    (a delta carries no pull counts: they count 0), and the lowest priorities are kept."""
-    step = int(snap.info()["step"])
-    min_live = min_live_step(step, table.config.ttl_steps)
-    keep = sample.last_step >= min_live
-    keys, values = sample.keys[keep], sample.values[keep]
-    freq, last, total = sample.freq[keep], sample.last_step[keep], sample.total
-    overlay = getattr(snap, "overlays", {}).get(name)
-    if overlay is not None and overlay.n_rows:
-        at = np.searchsorted(overlay.keys, keys).clip(max=overlay.n_rows - 1)
-        mine = overlay.keys[at] != keys
-        live = ~overlay.removed & (overlay.last_step >= min_live)
-        _at_view_step(snap)
-        total += int(np.count_nonzero(live)) - int(np.count_nonzero(table.contains(overlay.keys)))
-        keys = np.concatenate([keys[mine], overlay.keys[live]])
-        values = np.concatenate([values[mine], overlay.values[live]])
-        freq = np.concatenate([freq[mine], np.zeros(int(np.count_nonzero(live)), np.int64)])
-        last = np.concatenate([last[mine], overlay.last_step[live]])
-        order = np.argsort(mix64_np(keys.view(np.uint64)), kind="stable")[:SAMPLE_ROWS]
-        keys, values, freq, last = keys[order], values[order], freq[order], last[order]
-    return RowSample(keys, values, freq, last, step, max(total, int(keys.shape[0])))
-
-
-def _compute(snap: Snapshot, table: evdb.Table, name: str, base: RowSample) -> TableView:
-    sample = _with_overlay(snap, name, table, base)
+def _compute(table: ReadableTable, name: str, sample: RowSample) -> TableFigures:
     freq = rank_frequency(sample.freq)
     dist = {
         "table": name,
@@ -286,7 +245,7 @@ def _compute(snap: Snapshot, table: evdb.Table, name: str, base: RowSample) -> T
         "labels": _labels(table, sample.keys[head]),
         "explained": share,
     }
-    return TableView(dist, proj)
+    return TableFigures(dist, proj)
 
 
 def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
@@ -340,7 +299,7 @@ def summary(snap: Snapshot, request: Request) -> dict[str, Any]:
                 "key_type": t.config.key_type,
                 "rows": stats["rows"],
                 "ttl_steps": t.config.ttl_steps,
-                "keeps_strings": t.config.keep_strings,
+                "keeps_strings": t.keeps_strings,
                 "tiers": _tiers(stats),
                 "stats": stats,
             }

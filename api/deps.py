@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from fastapi import Request
 
-import evdb
+from evdb.view import ReadableTable
 
 from .codec import ApiError, short
 from .settings import Settings
@@ -43,7 +43,7 @@ def use_snapshot(request: Request) -> Iterator[Snapshot]:
         holder.release(snap)
 
 
-def table_of(snap: Snapshot, name: str) -> evdb.Table:
+def table_of(snap: Snapshot, name: str) -> ReadableTable:
     table = snap.tables.get(name)
     if table is None:
         raise ApiError(404, f"table: no table named {short(name)} (tables: {sorted(snap.tables)})")

@@ -1,4 +1,4 @@
-"""The one read both APIs make: ``Table.lookup`` plus whether each key has a row."""
+"""The one read both APIs make: ``lookup`` plus whether each key has a row."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from typing import Any
 
 import numpy as np
 
-import evdb
+from evdb.view import ReadableTable
 
 from .codec import ApiError
-from .snapshots import Snapshot
 
 
 def check_count(n: int, max_keys: int) -> None:
@@ -18,9 +17,7 @@ def check_count(n: int, max_keys: int) -> None:
 
 
 def lookup_rows(
-    snap: Snapshot,
-    name: str,
-    table: evdb.Table,
+    table: ReadableTable,
     keys: np.ndarray | list[str],
     offsets: Any = None,
     weights: Any = None,
@@ -30,7 +27,5 @@ def lookup_rows(
     initializer value), with rows read from disk cached in DRAM (``promote=True``: the
     serving working set stays hot), and found (n,) bool per key, from the same read."""
     found = np.empty(len(keys), dtype=bool)
-    embeddings = snap.lookup(
-        name, table, keys, offsets, weights, combiner, promote=True, found=found
-    )
+    embeddings = table.lookup(keys, offsets, weights, combiner, promote=True, found=found)
     return embeddings, found

@@ -1,7 +1,9 @@
 """The snapshot being served, and the swap to a new one.
 
 A :class:`Snapshot` is a database opened read-only (a serving export, or a database nobody is
-writing to). :class:`SnapshotHolder` owns the current one. A request takes the current
+writing to), and its tables as the routers read them: each a ``ReadableTable``
+(``evdb.view``), a ``Table`` itself here, a view at a publication's step following a publish
+root (``api.follow``). :class:`SnapshotHolder` owns the current one. A request takes the current
 snapshot with :meth:`SnapshotHolder.acquire` and gives it back when its answer is built;
 :meth:`SnapshotHolder.swap` makes new requests see the new snapshot at once and closes the old
 one when its last request gives it back. So a reload never fails a request and never mixes two
@@ -21,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import xxhash
 
 import evdb
+from evdb.view import ReadableTable
 
 # Every lookup and infer answer names the snapshot it was read from: following a publish
 # root, the publication's seq (it never goes back on one worker); otherwise the version hash.
@@ -37,7 +39,7 @@ class Snapshot:
     path: Path
     version: str
     loaded_at: float
-    tables: dict[str, evdb.Table] = field(default_factory=dict)
+    tables: dict[str, ReadableTable] = field(default_factory=dict)
     _users: int = 0
     _retired: bool = False
     seq: int | None = None  # following a publish root: the publication served (api.follow)
@@ -62,27 +64,17 @@ class Snapshot:
             if not tag.exists():
                 tag = path / "evdb.json"
             version = xxhash.xxh3_64_hexdigest(tag.read_bytes())
-            tables = {name: db.table(name) for name in db.tables()}
+            tables: dict[str, ReadableTable] = {name: db.table(name) for name in db.tables()}
         except BaseException:
             db.close()
             raise
         return cls(db, path, version, time.time(), tables)
 
-    def lookup(
-        self,
-        name: str,
-        table: evdb.Table,
-        keys: Any,
-        offsets: Any = None,
-        weights: Any = None,
-        combiner: str | None = None,
-        *,
-        promote: bool = False,
-        found: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """``table.lookup`` (table ``name`` of this snapshot); a followed publication puts
-        the rows changed since its full snapshot over it (``api.follow``)."""
-        return table.lookup(keys, offsets, weights, combiner, promote=promote, found=found)
+    def lookup(self, name: str, table: Any, keys: Any, *args: Any, **kwargs: Any) -> Any:
+        """``self.tables[name].lookup(keys, ...)`` (``table`` is not read). Nothing in
+        ``api/`` calls it: kept for ``tests/distributed/test_sharded.py`` and
+        ``bench/bench_freshness.py`` until they call ``snap.tables[name].lookup``."""
+        return self.tables[name].lookup(keys, *args, **kwargs)
 
     def close(self) -> None:
         """Close the database (the holder calls it once the last request is done)."""

@@ -28,6 +28,7 @@ from evdb.checkpoint import MANIFEST, read_manifest
 from evdb.errors import InvalidArgumentError
 from evdb.io.importer import IMPORT_FORMATS, import_vectors
 from evdb.records import RecordBatch
+from evdb.storage import POINTER
 
 __all__ = ["RULES", "compact", "import_file", "info"]
 
@@ -183,10 +184,7 @@ def compact(
             }
         if not dry_run:
             db.flush()
-            families = set(names)
-            for cf in db._store.column_families:  # "t.<table>" and any other "<x>.<table>"
-                if cf.partition(".")[2] in families:
-                    db._store.compact_range(cf)
+            db.storage.compact_tables(set(names))
     return {
         "path": str(root),
         "step": at,
@@ -363,6 +361,6 @@ def _parse_int(name: str, value: Any) -> int | None:
 
 
 def _require_database(root: Path) -> None:
-    if not (root / _database.POINTER).is_file():
-        what = "does not exist" if not root.exists() else f"has no {_database.POINTER}"
+    if not (root / POINTER).is_file():
+        what = "does not exist" if not root.exists() else f"has no {POINTER}"
         raise FileNotFoundError(f"path: {root} {what}: not an evdb database")

@@ -23,6 +23,10 @@ valid, and a key without a row reads its default value); ``mode`` adds ``"sqrtn"
 ``norm_type=2``. The module holds no parameters: ``state_dict()`` carries the table name and
 config, and the rows are saved with the database. Under ``torch.compile`` the evdb call is a
 graph break (``torch.compiler.disable``): the model compiles around it.
+
+Over sharded tables (``evdb.distributed``), ``EmbeddingBagCollection`` pulls and pushes all of
+its tables in one grouped exchange a step (``evdb.distributed.ShardedCollection``), with
+float32, bfloat16 or float16 payloads (``payload_dtype``).
 """
 
 from __future__ import annotations

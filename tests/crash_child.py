@@ -21,13 +21,13 @@ def digest(db: evdb.Database) -> str:
     h = hashlib.sha256(str(db.step).encode())
     for name in db.tables():
         t = db.table(name)
-        parts = list(t._chain.scan(65536))
+        parts = list(t.records(65536))  # every stored row, expired ones too
         keys = np.concatenate([k for k, _ in parts])
         order = np.argsort(keys)
         h.update(keys[order].tobytes())
         for field in ("values", "slots", "freq", "last_step", "version"):
             h.update(np.concatenate([getattr(r, field) for _, r in parts])[order].tobytes())
-        pending = t._admission.to_arrays()
+        pending = t.summary().admission.to_arrays()
         by_key = np.argsort(pending["keys"])
         for field in ("keys", "counts", "last_seen"):
             h.update(pending[field][by_key].tobytes())

@@ -56,7 +56,7 @@ def state(db: evdb.Database) -> dict:
             recs.freq.tolist(),
             recs.last_step.tolist(),
         )
-        pending = t._admission.to_arrays()
+        pending = t.summary().admission.to_arrays()
         out[name + ".pending"] = (
             sorted(zip(pending["keys"].tolist(), pending["counts"].tolist(), strict=True))
             if "keys" in pending

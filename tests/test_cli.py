@@ -80,7 +80,7 @@ def db(tmp_path: Path) -> Path:
 def test_help_lists_the_commands_and_exit_codes() -> None:
     done = evdb_cli("--help")
     assert done.returncode == 0
-    for command in ("info", "compact", "export", "import", "checkpoint", "verify"):
+    for command in ("info", "compact", "export", "import", "checkpoint", "verify", "warmup"):
         assert command in done.stdout
     assert "Exit codes" in done.stdout and "4  not found" in done.stdout
     assert "Exit codes" in evdb_cli("compact", "--help").stdout
@@ -155,8 +155,21 @@ def test_bad_option_is_a_usage_error(db: Path, args: list[str]) -> None:
 
 
 def test_bad_value_found_by_evdb_is_a_usage_error(db: Path) -> None:
-    assert "l2_threshold" in fails(2, "compact", db, "--l2-threshold", "nan")
+    assert "--l2-threshold must be" in fails(2, "compact", db, "--l2-threshold", "nan")
     assert "dest" in fails(2, "checkpoint", db, db)  # dest exists
+
+
+def test_errors_name_the_flags_not_the_python_arguments(db: Path, tmp_path: Path) -> None:
+    line = fails(2, "export", db, tmp_path / "out", "--format", "word2vec", "--include-slots")
+    assert "--include-slots needs" in line and "--format 'word2vec'" in line, line
+    assert "include_slots" not in line and "format=" not in line, line
+    line = fails(2, "export", db, tmp_path / "out", "--format", "word2vec", "--dtype", "float16")
+    assert "--dtype must be 'float32' for --format 'word2vec'" in line, line
+    # values, paths and longer names that contain a flag's name are left as they are
+    from evdb.tools.cli import cli, flag_names
+
+    message = "no table 'format' in /x/dtype; format_version=2"
+    assert flag_names(message, cli.commands["export"]) == message
 
 
 def test_locked_database_is_a_one_line_failure(db: Path) -> None:
@@ -288,6 +301,17 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "scan" in tty.getvalue() and "100%" in tty.getvalue()
 
 
+def test_warmup_compiles_every_kernel_into_the_cache() -> None:
+    from evdb.kernels.warmup import kernel_names
+
+    out = ok_json("warmup", "--processes", "2")
+    assert out["kernels"] == len(kernel_names()) > 20 and out["cached"] is True
+    assert out["compiled"] + out["already_cached"] == out["kernels"]
+    again = ok_json("warmup", "--processes", "1")  # everything loads from the cache now
+    assert again["compiled"] == 0 and again["already_cached"] == again["kernels"]
+    assert again["cache"] == out["cache"]
+
+
 def test_every_package_is_installed() -> None:
     """pyproject lists the packages (tools/ maps to evdb.tools, api/ to evdb.api): a new one
     must be added."""
@@ -300,5 +324,12 @@ def test_every_package_is_installed() -> None:
     for init in (ROOT / "api").rglob("__init__.py"):
         folder = init.parent.relative_to(ROOT)
         mapped[".".join(("evdb", *folder.parts))] = folder.as_posix()
-    assert set(config["packages"]) == found | set(mapped)
+    # folders of data files, listed as packages with their package-data (setuptools warned on
+    # every install that they "look importable" while they were data of their parents)
+    data = {"evdb.kernels.cuda": "evdb/kernels/cuda", "evdb.api.static": "api/static"}
+    assert set(config["packages"]) == found | set(mapped) | set(data)
     assert config["package-dir"] == mapped
+    for package, folder in data.items():
+        files = [f for f in (ROOT / folder).iterdir() if f.is_file()]
+        patterns = config["package-data"][package]
+        assert files and all(any(f.match(p) for p in patterns) for f in files), package

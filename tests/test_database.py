@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import evdb
+from evdb.storage import WORKING
 
 
 def test_open_creates_the_directory_and_is_a_context_manager(tmp_path: Path) -> None:
@@ -234,7 +235,8 @@ def test_mmap_reads_reach_rocksdb_and_read_the_same_rows(tmp_path: Path, mmap_re
         t.upsert(np.arange(500), values)
         assert t.stats()["tiers"]["rocksdb"]["rows"] > 400
         np.testing.assert_array_equal(t.lookup(np.arange(500)), values)
-        assert _rocksdb_option(db._store.path, "allow_mmap_reads") == str(mmap_reads).lower()
+        working = tmp_path / "db" / WORKING  # the RocksDB working copy
+        assert _rocksdb_option(working, "allow_mmap_reads") == str(mmap_reads).lower()
     with evdb.open(tmp_path / "db", read_only=True, mmap_reads=mmap_reads) as db:
         np.testing.assert_array_equal(db.table("t").lookup(np.arange(500)), values)
 

@@ -74,7 +74,7 @@ def build(path: Path, *, disk: bool = True, seed: int = 0) -> Model:
 def stored(path: Path, table: str = "t") -> dict[str, np.ndarray]:
     """Every stored record of a table (expired ones too), sorted by key."""
     with evdb.open(path, read_only=True) as db:
-        parts = list(db.table(table)._chain.scan(1000))
+        parts = list(db.table(table).records(1000))  # expired rows too
     keys = np.concatenate([k for k, _ in parts])
     order = np.argsort(keys)
     return {

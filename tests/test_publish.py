@@ -15,6 +15,7 @@ import pytest
 import evdb
 from evdb import checkpoint as _checkpoint
 from evdb import publish as _publish
+from evdb.tiers.chain import TierChain
 from evdb.tiers.rocks import RocksTier
 
 
@@ -93,7 +94,7 @@ def test_a_delta_reads_no_scan_and_is_a_sliver_of_the_full(tmp_path: Path, monke
             raise AssertionError("a delta must not scan the table")
 
         monkeypatch.setattr(RocksTier, "scan", no_scan)
-        monkeypatch.setattr(type(t._chain), "scan", no_scan)
+        monkeypatch.setattr(TierChain, "scan", no_scan)
         delta = db.publish(root)
     assert delta["kind"] == "delta" and delta["rows"] == touched
     assert delta["bytes"] <= 0.01 * full["bytes"], (delta["bytes"], full["bytes"])
@@ -136,10 +137,10 @@ def test_an_overflowing_log_makes_the_next_publication_full_and_counts(tmp_path:
     with evdb.open(tmp_path / "db") as db:
         t = db.create_table("item", dim=2)
         db.publish(root)
-        t._changes.max_keys = 50
+        t.changes.max_keys = 50
         t.upsert(np.arange(40), np.ones((40, 2), np.float32))
         t.upsert(np.arange(40), np.ones((40, 2), np.float32))  # duplicates do not overflow
-        assert not t._changes.overflowed
+        assert not t.changes.overflowed
         t.upsert(np.arange(40, 60), np.ones((20, 2), np.float32))  # 60 distinct: over 50
         with pytest.raises(evdb.InvalidArgumentError, match="overflowed"):
             db.publish(root, full=False)
@@ -163,7 +164,7 @@ def test_a_failed_publication_loses_nothing(tmp_path: Path, monkeypatch) -> None
             raise OSError("disk full")
 
         with monkeypatch.context() as m:
-            m.setattr(_checkpoint, "_finish", crash)
+            m.setattr(_checkpoint, "finish_dir", crash)
             with pytest.raises(OSError):
                 db.publish(root)
         assert _publish.read_head(root)["seq"] == 1  # the root still reads as before

@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+import inspect
+import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -14,6 +17,26 @@ import pytest
 
 import evdb
 from tests.files import fingerprint
+
+
+def shadows_held() -> set[Path]:
+    """The read-only shadows (``RocksStore``'s private directories of links, ``evdb-ro-*``
+    in the temporary directory) this process holds: found through the descriptors it keeps
+    open in them (its owner lock), since the store keeps its shadow to itself."""
+    tmp = Path(os.path.realpath(tempfile.gettempdir()))
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            continue
+        if target.parent.parent == tmp and target.parent.name.startswith("evdb-ro-"):
+            found.add(target.parent)
+    return found
+
+
+# what a child process needs to name its shadow the same way
+_SHADOWS_HELD = "import os, tempfile\nfrom pathlib import Path\n" + inspect.getsource(shadows_held)
 
 _READER = textwrap.dedent(
     """
@@ -64,9 +87,10 @@ def test_concurrent_read_only_opens_change_nothing(snapshots: dict[str, Path], k
 
 
 def test_read_only_open_leaves_no_shadow_behind(snapshots: dict[str, Path]) -> None:
+    before = shadows_held()
     db = evdb.open(snapshots["checkpoint"], read_only=True)
-    shadow = db._store._shadow
-    assert shadow is not None and shadow.is_dir()
+    (shadow,) = shadows_held() - before
+    assert shadow.is_dir()
     assert (shadow / "rocksdict-config.json").is_file()
     assert not (shadow / "rocksdict-config.json").is_symlink()  # written there, not through
     db.close()
@@ -76,11 +100,12 @@ def test_read_only_open_leaves_no_shadow_behind(snapshots: dict[str, Path]) -> N
 def test_a_read_only_open_never_closed_removes_its_shadow_at_exit(
     snapshots: dict[str, Path],
 ) -> None:
-    child = textwrap.dedent(
+    child = _SHADOWS_HELD + textwrap.dedent(
         """
         import sys, evdb
         db = evdb.open(sys.argv[1], read_only=True)  # never closed
-        print(db._store._shadow)
+        (shadow,) = shadows_held()
+        print(shadow)
         """
     )
     out = subprocess.run(
@@ -100,11 +125,12 @@ def test_the_shadow_of_a_killed_reader_is_removed_by_the_next_open_and_a_live_on
     """kill -9 runs no exit handler, so a crashed server's shadow stays in the temporary
     directory; the next read-only open (any process) removes it, but never the shadow of a
     reader that is still alive."""
-    opener = textwrap.dedent(
+    opener = _SHADOWS_HELD + textwrap.dedent(
         """
         import os, signal, sys, evdb
         db = evdb.open(sys.argv[1], read_only=True)
-        print(db._store._shadow, flush=True)
+        (shadow,) = shadows_held()
+        print(shadow, flush=True)
         if sys.argv[2] == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         sys.stdin.read()  # alive until the test closes stdin

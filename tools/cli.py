@@ -15,22 +15,28 @@ Usage (``evdb`` is also ``python -m evdb``)::
                     [--allow-root DIR]... [--max-keys K] [--cache-rows R] [--mmap-reads]
                     [--no-dashboard] [--max-scan-rows N]
                     [--follow [--poll-interval S] [--max-staleness S]]
+    evdb warmup [--processes N] [--json]
+    evdb size TRACE [--db PATH [--table T]] [--rows N,N,...] [--target X]... [--lru-only]
+                    [--plot curve.png] [--bins N] [--json]
 
 Each subcommand is a ``cmd_<name>`` that calls the library (``evdb``, ``evdb.offline``,
 ``evdb.io.export``) and prints its result: with ``--json`` one JSON object on stdout, otherwise
 a short aligned summary. Progress bars go to stderr, and only when stderr is a terminal, so
 pipes and CI logs stay quiet. Errors the library expects (``evdb.EvdbError``, a missing file)
-print one line, ``evdb: error: ...``, on stderr, with the exit code of ``EXIT_CODES``; anything
-else is a bug and keeps its traceback.
+print one line, ``evdb: error: ...``, on stderr, with the exit code of ``EXIT_CODES``, naming
+the command's flags where the library's message names their Python arguments
+(``include_slots=True`` reads ``--include-slots``); anything else is a bug and keeps its
+traceback.
 
 This module holds the group and its dispatch; the commands live by what they act on:
 ``commands_db`` (info, compact, checkpoint, reshard), ``commands_files`` (export, import,
-verify) and ``commands_serve`` (serve), over ``output`` (what they print), ``paths`` (the PATH
-checks) and ``exit_codes``.
+verify), ``commands_serve`` (serve) and ``commands_warmup`` (warmup), over ``output`` (what
+they print), ``paths`` (the PATH checks) and ``exit_codes``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -40,9 +46,11 @@ import evdb
 from .commands_db import cmd_checkpoint, cmd_compact, cmd_info, cmd_reshard
 from .commands_files import cmd_export, cmd_import, cmd_verify
 from .commands_serve import cmd_serve
+from .commands_size import cmd_size
+from .commands_warmup import cmd_warmup
 from .exit_codes import EXIT_CODES, exit_code
 
-__all__ = ["EXIT_CODES", "cli", "exit_code", "main"]
+__all__ = ["EXIT_CODES", "cli", "exit_code", "flag_names", "main"]
 
 
 class _Cli(click.Group):
@@ -56,8 +64,29 @@ class _Cli(click.Group):
             if code is None:  # click's own exceptions, and bugs (traceback, exit 1)
                 raise
             message = " ".join(str(e).split()) or type(e).__name__
+            command = self.get_command(ctx, ctx.invoked_subcommand or "")
+            if command is not None:
+                message = flag_names(message, command)
             click.echo(f"evdb: error: {message}", err=True)
             raise click.exceptions.Exit(code) from None
+
+
+def flag_names(message: str, command: click.Command) -> str:
+    """A library message in the command line's words: each Python argument that one of
+    ``command``'s flags sets is named by the flag, ``include_slots=True`` as
+    ``--include-slots``, ``format='npz'`` as ``--format 'npz'`` and ``dtype must`` as
+    ``--dtype must``; other words (an option's value, a table's name) are left as they are."""
+    for param in command.params:
+        flags = [o for o in param.opts if o.startswith("--")]
+        if not isinstance(param, click.Option) or not flags:
+            continue
+        flag, name = flags[0], re.escape(flags[0][2:].replace("-", "_"))
+        word = rf"(?<![\w'\"./-]){name}"  # not inside a value, a path or a longer name
+        if param.is_flag:
+            message = re.sub(rf"{word}=True\b", flag, message)
+        message = re.sub(rf"{word}=", f"{flag} ", message)
+        message = re.sub(rf"{word}(?= (?:must|needs|is|are|cannot|should)\b)", flag, message)
+    return message
 
 
 @click.group(
@@ -84,6 +113,8 @@ for _command in (
     cmd_verify,
     cmd_reshard,
     cmd_serve,
+    cmd_size,
+    cmd_warmup,
 ):
     cli.add_command(_command)
 

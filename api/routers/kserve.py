@@ -145,7 +145,7 @@ async def infer(request: Request) -> Response:
         keys, shape = decode_keys(req.inputs, binary, table.config.key_type)
         check_count(len(keys), settings.max_keys)
         binary_out = wanted_outputs(req)
-        embeddings, found = lookup_rows(snap, model, table, keys)
+        embeddings, found = lookup_rows(table, keys)
         request.app.state.metrics.served(model, len(keys), len(keys) - int(np.count_nonzero(found)))
         tensors = {
             "embeddings": (embeddings, [*shape, table.dim], "FP32"),

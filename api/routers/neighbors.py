@@ -2,22 +2,17 @@
 
 An exact scan of every live row: refused (422, saying why) for ``k`` above ``MAX_K`` and for
 tables above ``--max-scan-rows`` (2,000,000 by default), which bounds how long one request
-holds its worker.
+holds its worker. The rows counted and scanned are the served table's (``ReadableTable``):
+following a publish root, the publication's, the rows of its deltas included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
-
-import evdb
-from evdb import publish
-from evdb.neighbors import check_query, top_k
-from evdb.ttl import min_live_step
 
 from ..codec import JSON, ApiError, body_type, dumps, parse_json, read_body, validate
 from ..deps import settings_of, table_of, use_snapshot
@@ -84,48 +79,14 @@ async def neighbors(request: Request) -> Response:
                 f"{settings.max_scan_rows:,}; a neighbours query scans every row",
             )
         query: Any = req.key if req.key is not None else np.array(req.vector, np.float64)
-        overlay = getattr(snap, "overlays", {}).get(name)
-        if overlay is None or overlay.n_rows == 0:
-            keys, scores = table.neighbors(query, req.k, req.metric)  # bad input: EvdbError
-        else:
-            keys, scores = _over_overlay(snap, name, table, overlay, query, req.k, req.metric)
+        keys, scores = table.neighbors(query, req.k, req.metric)  # bad input: EvdbError
         if not np.isfinite(scores).all():  # float32 products of huge values overflow
             what = "vector" if req.vector is not None else "key"
             raise ApiError(
                 422, f"{what}: its {req.metric} scores overflow float32 (values too large)"
             )
-        strings = table.strings(keys) if table.config.keep_strings else None
+        strings = table.strings(keys) if table.keeps_strings else None
     out = {"table": name, "metric": req.metric, "keys": keys, "scores": scores}
     if strings is not None:
         out["strings"] = strings
     return Response(dumps(out), media_type=JSON)
-
-
-def _over_overlay(
-    snap: Any, name: str, table: evdb.Table, overlay: Any, query: Any, k: int, metric: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Following a publish root (``follow.py``): the rows newer than the full snapshot are in
-    the view's overlay (sorted keys, values, last_step, tombstones). The snapshot's rows that
-    the overlay replaces or removes leave the scan, the overlay's live rows join it, and a
-    key's query row is the view's (``snap.lookup``), so the answer is the trainer's at the
-    served seq, as a lookup's is."""
-    q, exclude, k, metric = check_query(table, query, k, metric)  # also checks the key
-    if exclude is not None:  # the view's row of the key: the overlay's, else the snapshot's
-        q = snap.lookup(name, table, [query])[0]
-        q, _, _, _ = check_query(table, q, k, metric)  # cosine refuses a zero row
-    publish.serve_at(snap.db, snap.step)  # the TTL verdicts at the view's step
-    min_live = min_live_step(snap.step, table.config.ttl_steps)
-    live = ~overlay.removed & (overlay.last_step >= min_live)
-    last = overlay.n_rows - 1
-
-    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for values, keys in table.live_values():
-            replaced = overlay.keys[np.searchsorted(overlay.keys, keys).clip(max=last)] == keys
-            if not replaced.any():
-                yield values, keys
-            elif not replaced.all():
-                yield values[~replaced], keys[~replaced]
-        if live.any():
-            yield overlay.values[live], overlay.keys[live]
-
-    return top_k(chunks(), q, k, metric, exclude)

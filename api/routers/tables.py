@@ -105,7 +105,7 @@ async def lookup(request: Request) -> Response:
             keys = req.keys if str_keys else np.array(req.keys, dtype=np.int64)
             offsets, weights, combiner = req.offsets, req.weights, req.combiner
         check_count(len(keys), settings.max_keys)
-        embeddings, found = lookup_rows(snap, name, table, keys, offsets, weights, combiner)
+        embeddings, found = lookup_rows(table, keys, offsets, weights, combiner)
         version = snap.version
         request.app.state.metrics.served(name, len(keys), len(keys) - int(np.count_nonzero(found)))
         dim = table.dim

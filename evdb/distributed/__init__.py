@@ -24,6 +24,9 @@ Many tables exchange together, 5 collectives a step whatever their number
     p = coll.pull({"user": user_ids, "item": item_ids})
     coll.push(p, {"user": grad_user, "item": grad_item})
 
+``TrainPipeline(coll).run(batches, keys_of)`` sends batch i+1's keys (and starts the owners'
+disk reads) while batch i computes, with the plain loop's results.
+
 The offline parts (``reshard``, the merged ``export``, ``info``, ``Placement``) need no
 process group, and no torch.
 """
@@ -43,6 +46,7 @@ __all__ = [
     "ShardedDatabase",
     "ShardedPulled",
     "ShardedTable",
+    "TrainPipeline",
     "export",
     "info",
     "open",
@@ -56,6 +60,7 @@ _WITH_TORCH = {
     "ShardedPulled": "evdb.distributed.table",
     "ShardedCollection": "evdb.distributed.group",
     "CollectionPulled": "evdb.distributed.group",
+    "TrainPipeline": "evdb.distributed.pipeline",
 }
 
 

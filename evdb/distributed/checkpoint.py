@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evdb import database as _database
+from evdb._types import BoolArray, Int64Array
 from evdb.checkpoint import MANIFEST, file_digest, fsync_path, temp_dir_beside
 from evdb.config import TableConfig
 from evdb.database import Database
@@ -42,7 +43,7 @@ Progress = Callable[[int, int], object]
 
 def checkpoint(sdb: ShardedDatabase, dest: Path, base: Path | None) -> dict[str, Any]:
     """``ShardedDatabase.checkpoint`` (see there)."""
-    x, rank = sdb._x, sdb.rank
+    x, rank = sdb.exchange, sdb.rank
     error: Any = None
     try:
         if rank == 0 and (dest / LAYOUT).exists():
@@ -73,7 +74,7 @@ def checkpoint(sdb: ShardedDatabase, dest: Path, base: Path | None) -> dict[str,
     if failed:
         r, why = failed[0]
         raise CorruptDataError(f"checkpoint: rank {r} could not write its shard: {why}")
-    layout = dict(sdb._layout)
+    layout = sdb.layout()
     layout["step"] = sdb.step
     layout["checkpoint"] = {
         "kind": views[0][1],
@@ -204,8 +205,8 @@ def reshard(
                                 if progress is not None:
                                     progress(min(done, total), total)
                 for name, t in tables.items():
-                    owners = placements[name].owners
-                    t.absorb(states[name], lambda k, o=owners, m=m: o(k, shards) == m, first=m == 0)
+                    owns = _owned_by(placements[name], shards, m)
+                    t.absorb(states[name], owns, first=m == 0)
                 new.checkpoint(shard_dir(tmp, m))
             shutil.rmtree(work)
             digests[shard_dir(tmp, m).name] = file_digest(shard_dir(tmp, m) / MANIFEST)
@@ -278,3 +279,13 @@ def info(src: str | os.PathLike[str]) -> dict[str, Any]:
         "checkpoint": layout.get("checkpoint"),
         "tables": tables,
     }
+
+
+def _owned_by(placement: Placement, shards: int, m: int) -> Callable[[Int64Array], BoolArray]:
+    """Whether each key belongs to new shard m of shards under placement."""
+
+    def owns(keys: Int64Array) -> BoolArray:
+        owned: BoolArray = placement.owners(keys, shards) == m
+        return owned
+
+    return owns

@@ -14,6 +14,7 @@ a directory every rank can reach (a shared file system across machines) holds th
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from types import TracebackType
@@ -155,6 +156,16 @@ class ShardedDatabase:
         if self.rank == 0 and not (root / LAYOUT).exists():
             write_json(root / LAYOUT, self._layout)  # a new (or restored) sharded database
         self._x.barrier("open")
+
+    @property
+    def exchange(self) -> Exchange:
+        """This rank's end of the collectives every rank takes part in."""
+        return self._x
+
+    def layout(self) -> dict[str, Any]:
+        """A copy of the sharded database's layout (what ``sharding.json`` holds: the world
+        size and each table's placement)."""
+        return copy.deepcopy(self._layout)
 
     # -- lifecycle ------------------------------------------------------------------------
     def check_open(self) -> None:

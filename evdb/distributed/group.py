@@ -177,8 +177,14 @@ class ShardedCollection:
         self._dims = np.array([t.dim for t in listed], dtype=np.int64)
         self._code = _code(names, payload_dtype)
         self._dedup = Deduper()
-        self._calls = 0  # grouped pulls made: push takes only the latest, once
+        self._sent = 0  # send_keys calls: pull_rows takes only the latest, once
+        self._pulls = 0  # pull_rows calls: push takes only the latest, once
         self._pushed = -1
+
+    @property
+    def exchange(self) -> Exchange:
+        """This rank's end of the tables' database's collectives."""
+        return self._x
 
     def __repr__(self) -> str:
         return (
@@ -187,8 +193,8 @@ class ShardedCollection:
         )
 
     # -- the batch ------------------------------------------------------------------------
-    def _refuse(self, op: str) -> None:
-        self._x.begin(op, self._code, arg=len(self._list), failed=True)
+    def _refuse(self, op: str, x: Exchange | None = None) -> None:
+        (x or self._x).begin(op, self._code, arg=len(self._list), failed=True)
 
     def _batch(self, batch: Any) -> list[Int64Array]:
         """The batch as one int64 key array per table, in the collection's order."""
@@ -208,13 +214,16 @@ class ShardedCollection:
         return out
 
     # -- pull -----------------------------------------------------------------------------
-    def send_keys(self, batch: Mapping[str, Any]) -> KeysInFlight:
+    def send_keys(
+        self, batch: Mapping[str, Any], *, exchange: Exchange | None = None
+    ) -> KeysInFlight:
         """Collective. The first half of ``pull``: deduplicate each table's keys and send them,
         with their counts, to their owners (one header, one int64 all-to-all). Nothing changes
         at the owners until ``pull_rows`` (``prefetch_rows`` may start reading the rows from
-        disk meanwhile)."""
+        disk meanwhile). ``exchange``: another ``Exchange`` over the same ranks to send them
+        on (the pipeline's, on its own process group, from its own thread)."""
         self._db.check_writable()
-        x, n_tables = self._x, len(self._list)
+        x, n_tables = exchange or self._x, len(self._list)
         try:
             keys = self._batch(batch)
             uniq, inverse, counts, owners = [], [], [], []
@@ -225,7 +234,7 @@ class ShardedCollection:
                 inverse.append(inv)
                 counts.append(c)
         except EvdbError:
-            self._refuse("group_pull")
+            self._refuse("group_pull", x)
             raise
         order = [np.argsort(o, kind="stable") for o in owners]
         send = np.stack([np.bincount(o, minlength=x.size) for o in owners]).astype(np.int64)
@@ -255,8 +264,8 @@ class ShardedCollection:
                 parts[ti].append(got[at : at + m].reshape(-1, 2))
                 at += m
         arrived = [np.concatenate(p) if p else np.empty((0, 2), np.int64) for p in parts]
-        self._calls += 1
-        return KeysInFlight(uniq, inverse, counts, _Route(order, send, recv), arrived, self._calls)
+        self._sent += 1
+        return KeysInFlight(uniq, inverse, counts, _Route(order, send, recv), arrived, self._sent)
 
     def prefetch_rows(self, inflight: KeysInFlight) -> None:
         """Not collective. Tell each owner shard to start reading from disk the rows of the
@@ -269,11 +278,12 @@ class ShardedCollection:
         (``Table.pull`` with every rank's counts, at the global step) and sends the rows
         back (one float all-to-all)."""
         self._db.check_writable()
-        if inflight.calls != self._calls:
+        if inflight.calls != self._sent or self._pulls == self._sent:
             raise InvalidArgumentError(  # the same on every rank: no collective is skipped
-                "inflight: keys sent before the collection's latest send_keys; finish each "
-                "send_keys with pull_rows before the next"
+                f"inflight: keys #{inflight.calls} were pulled already or are stale (the latest "
+                f"send_keys is #{self._sent}); finish each send_keys with one pull_rows"
             )
+        self._pulls = inflight.calls
         route = inflight.route
         owners = []
         answers: list[np.ndarray] = []
@@ -323,10 +333,10 @@ class ShardedCollection:
                     f"pulled must be what this collection's pull() returned on this rank, got "
                     f"{type(pulled).__name__}"
                 )
-            if pulled._serial <= self._pushed or pulled._serial != self._calls:
+            if pulled._serial <= self._pushed or pulled._serial != self._pulls:
                 raise InvalidArgumentError(
                     f"pulled: grouped pull #{pulled._serial} was pushed already or is stale "
-                    f"(the latest is #{self._calls}); push each pull once, before the next"
+                    f"(the latest is #{self._pulls}); push each pull once, before the next"
                 )
             if not isinstance(grads, Mapping):
                 raise InvalidArgumentError(

@@ -14,7 +14,8 @@ it as it serves a single database's, with no notion of shards. A publication is 
 3. rank 0, which holds the root's lock throughout, merges the parts (the shards' keys are
    disjoint: a delta's files are concatenated and sorted, a full's rows streamed into one
    serving database) and writes the publication as a single database does
-   (``evdb.publish.write_publication``: temporary name, checksums, rename, HEAD replaced);
+   (``evdb.publish_root.write_publication``: temporary name, checksums, rename, HEAD
+   replaced);
    then removes the parts;
 4. only then do the ranks forget what their change logs carried. A seq is complete when
    every rank's part is in: a crash before HEAD moves leaves the root at the previous HEAD,
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evdb import publish as _publish
+from evdb import publish_root
 from evdb.config import TableConfig
 from evdb.errors import CorruptDataError, EvdbError, InvalidArgumentError
 from evdb.records import RecordBatch
@@ -116,7 +118,7 @@ def _merge_deltas(parts: list[Path], tmp: Path, tables: dict[str, Any]) -> tuple
 
 def publish(sdb: ShardedDatabase, root: Path, full: bool | None, keep: int) -> dict[str, Any]:
     """``ShardedDatabase.publish`` (see there)."""
-    x, rank, local = sdb._x, sdb.rank, sdb.local
+    x, rank, local = sdb.exchange, sdb.rank, sdb.local
     start = time.perf_counter()
     try:
         _publish.check_arguments(full, keep)
@@ -128,10 +130,10 @@ def publish(sdb: ShardedDatabase, root: Path, full: bool | None, keep: int) -> d
     tables = {n: local.table(n) for n in local.tables()}
     with contextlib.ExitStack() as rank0:  # rank 0 holds the root's lock throughout
         _agree(x, "lock the root", lambda: _lock_and_clear(rank0, root) if rank == 0 else None)
-        head = _publish.read_head(root)
+        head = publish_root.read_head(root)
         # Each rank's own verdict on its shard (its logs, its tables, its share of the rows
         # since the last full); one that needs a full makes it full for every rank.
-        mine = _publish._full_reason(local, root, head, tables, full)
+        mine = local.publisher.full_reason(root, head, tables, full)
         verdicts = x.gather_objects(mine, "publish")
         first = next(((r, v) for r, v in enumerate(verdicts) if v is not None), None)
         reason = None if first is None else f"rank {first[0]}: {first[1]}"
@@ -146,7 +148,7 @@ def publish(sdb: ShardedDatabase, root: Path, full: bool | None, keep: int) -> d
                 part.mkdir(parents=True)
                 if reason is not None:
                     return _write_full_part(sdb, part)
-                return _publish._write_delta(part, tables, {})[0]
+                return _publish.write_delta(part, tables, {})[0]
 
             my_rows = _agree(x, "write its part", write_part)
             written = _agree(
@@ -158,30 +160,16 @@ def publish(sdb: ShardedDatabase, root: Path, full: bool | None, keep: int) -> d
             if rank == 0:
                 shutil.rmtree(parts_dir, ignore_errors=True)
     written = x.gather_objects(written, "publish")[0]  # rank 0's
-    assert isinstance(written, _publish.Written)
+    assert isinstance(written, publish_root.Written)
     # Durable and visible: only now may the logs forget what this publication carries.
-    for t in tables.values():
-        if reason is not None:
-            t.changes.start()
-        else:
-            t.changes.clear()
-    state = local._publication
-    since = 0 if reason is not None or state is None else state.rows_since_full
-    local._publication = _publish._State(
-        root,
-        written.seq,
-        written.digest,
-        written.full,
-        since + (0 if reason is not None else my_rows),
-        {n: t.meta.uid for n, t in tables.items()},
-    )
+    local.publisher.remember(root, written, tables, reason, my_rows)
     return written.result(time.perf_counter() - start, reason)
 
 
 def _lock_and_clear(stack: contextlib.ExitStack, root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    stack.enter_context(_publish._RootLock(root))
-    _publish.clear_stale(root, _publish.read_head(root))
+    stack.enter_context(publish_root.RootLock(root))
+    publish_root.clear_stale(root, publish_root.read_head(root))
 
 
 def _agree(x: Any, what: str, step: Callable[[], Any]) -> Any:
@@ -204,7 +192,7 @@ def _merge(
     reason: str | None,
     parts_dir: Path,
     keep: int,
-) -> _publish.Written:
+) -> publish_root.Written:
     """Rank 0: the parts merged into the next publication, HEAD replaced."""
     parts = [parts_dir / f"rank-{r:05d}" for r in range(sdb.world_size)]
     configs = {n: sdb.local.table(n).config for n in sdb.local.tables()}
@@ -218,12 +206,11 @@ def _merge(
 
     def delta(tmp: Path, entries: dict[str, Any]) -> tuple[int, int]:
         tmp.mkdir()
-        entries.update({n: _publish._table_entry(c) for n, c in configs.items()})
+        entries.update({n: publish_root.table_entry(c) for n, c in configs.items()})
         return _merge_deltas(parts, tmp, entries)
 
-    state = sdb.local._publication
-    chained = None if reason is not None or state is None else state.full
-    written = _publish.write_publication(
+    chained = sdb.local.publisher.chained_full(reason)
+    written = publish_root.write_publication(
         root,
         head,
         chained,
@@ -231,5 +218,5 @@ def _merge(
         full if chained is None else delta,
         {"shards": sdb.world_size},
     )
-    _publish._retain(root, written.seq, keep)
+    publish_root.retain(root, written.seq, keep)
     return written

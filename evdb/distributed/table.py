@@ -19,6 +19,10 @@ deduplicates before sending: a step moves, per distinct key routed off-rank, 16 
 
 Every method that touches another rank's keys is collective: every rank calls it, in the same
 order, with an empty batch if it has none.
+
+Each call pays its own collectives (3 to pull, 2 to push): a model with many tables pulls and
+pushes them together through ``evdb.distributed.ShardedCollection`` (5 a step in all), as
+``evdb.torch.EmbeddingBagCollection`` does for its sharded tables.
 """
 
 from __future__ import annotations
@@ -289,6 +293,11 @@ class ShardedTable:
                 raise InvalidArgumentError(
                     f"pulled must be what {self.name!r}.pull() returned on this rank, got "
                     f"{type(pulled).__name__}"
+                )
+            if pulled._owner is None:
+                raise InvalidArgumentError(
+                    f"pulled: this batch of {self.name!r} came from a ShardedCollection's pull; "
+                    "push it through the collection's push"
                 )
             # a double or stale push is refused on every rank before the gradients travel
             self.local.check_pushable(pulled._owner)

@@ -20,7 +20,7 @@ all of a table's arrays: safetensors' are written at their known offsets; npz's 
 slots (a zip takes one member at a time) are spooled to temporary files and copied in after
 ``values``, rather than scanning RocksDB once per member. ``dest`` is built under a temporary
 sibling name and renamed into place once every file is checksummed into ``MANIFEST.json``
-(``evdb.checkpoint._finish``): a failure leaves no ``dest``; ``evdb.verify(dest)`` checks it.
+(``evdb.checkpoint.finish_dir``): a failure leaves no ``dest``; ``evdb.verify(dest)`` checks it.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def export(
             else:
                 for t in selected:
                     _write_file(job, t, format, entries[t.name], db.step)
-            _checkpoint._finish(tmp, dest, manifest)
+            _checkpoint.finish_dir(tmp, dest, manifest)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
             error = _checkpoint.as_storage_error(e, f"dest: {dest}: export failed", dest)

@@ -19,11 +19,16 @@ a call costs one module attribute lookup, as an import would::
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from evdb.errors import ConfigError
 
-__all__ = ["BACKENDS", "DEVICE_BACKENDS", "KERNELS", "OptimizerKind", "backend"]
+if TYPE_CHECKING:
+    from evdb.kernels.warmup import Compiled, WarmUp
+
+__all__ = ["BACKENDS", "DEVICE_BACKENDS", "KERNELS", "OptimizerKind", "backend", "warm_up"]
 
 KERNELS = (
     "bloom_add",
@@ -88,3 +93,21 @@ def backend(name: str) -> ModuleType:
     if name in DEVICE_BACKENDS:
         module.require()  # never a silent fallback to the CPU (DESIGN, anti-pattern 2)
     return module
+
+
+def warm_up(
+    *, processes: int | None = None, progress: Callable[[Compiled], None] | None = None
+) -> WarmUp:
+    """Compile every cpu kernel now, into numba's on-disk cache, in ``processes`` worker
+    processes (default: one per core); what ``evdb warmup`` runs. The cpu kernels otherwise
+    compile on first use, once per machine. See :mod:`evdb.kernels.warmup`.
+
+    Examples
+    --------
+    An image builder's step, after ``pip install``::
+
+        python -c "import evdb.kernels; print(evdb.kernels.warm_up())"
+    """
+    from evdb.kernels import warmup
+
+    return warmup.warm_up(processes=processes, progress=progress)

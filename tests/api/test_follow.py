@@ -32,7 +32,8 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient
 
-from evdb.api import Settings, create_app, follow
+from evdb import view_overlay
+from evdb.api import Settings, create_app, failures, follow
 from evdb.api.follow import Follower, FollowSnapshot
 from evdb.api.snapshots import VERSION_HEADER, SnapshotHolder
 
@@ -45,7 +46,7 @@ def served(holder: SnapshotHolder, name: str, keys: np.ndarray, **bags):
     assert isinstance(snap, FollowSnapshot)
     try:
         found = np.empty(len(keys), dtype=bool)
-        values = snap.lookup(name, snap.tables[name], keys, found=found, **bags)
+        values = snap.tables[name].lookup(keys, found=found, **bags)
         return values, found, snap.seq
     finally:
         holder.release(snap)
@@ -142,9 +143,7 @@ def _assert_equal_to_trainer(db: evdb.Database, holder: SnapshotHolder) -> None:
 def test_followed_and_restarted_servers_equal_the_trainer_bit_for_bit(
     tmp_path: Path, monkeypatch, recent_rows: int
 ) -> None:
-    from evdb.api import follow
-
-    monkeypatch.setattr(follow, "_RECENT_ROWS", recent_rows)  # 8: the recent layer folds often
+    monkeypatch.setattr(view_overlay, "RECENT_ROWS", recent_rows)  # 8: the recent layer folds often
     root = tmp_path / "pub"
     rng = np.random.default_rng(1)
     with evdb.open(tmp_path / "db") as db:
@@ -157,7 +156,9 @@ def test_followed_and_restarted_servers_equal_the_trainer_bit_for_bit(
             assert live.poll() and live.state.applied_seq == seqs[-1]
             _assert_equal_to_trainer(db, live_holder)
         assert live.state.overlay_rows > 0
-        folded = any(older.n_rows for older, _ in live._overlays.values())
+        snap = live_holder.current
+        assert snap is not None
+        folded = any(t.overlay.older.n_rows for t in snap.tables.values())
         assert folded == (recent_rows == 8)
         # a server started now (or restarted: killed, nothing kept) loads the newest full and
         # replays the deltas after it
@@ -174,6 +175,37 @@ def test_followed_and_restarted_servers_equal_the_trainer_bit_for_bit(
         fresh.close()
         live_holder.close()
         fresh_holder.close()
+
+
+def test_the_neighbours_row_limit_counts_the_rows_of_the_deltas(tmp_path: Path) -> None:
+    """--max-scan-rows counts the rows a neighbours query scans: the publication's, the rows of
+    its deltas included (the route counted the full snapshot's rows only, so a table grown past
+    the limit by deltas was scanned anyway)."""
+    root = tmp_path / "pub"
+    rng = np.random.default_rng(8)
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=4)
+        t.upsert(np.arange(100), rng.normal(size=(100, 4)).astype(np.float32))
+        db.publish(root)
+        settings = Settings(follow_root=root, poll_interval_s=3600.0, max_scan_rows=120)
+        with TestClient(create_app(settings)) as c:
+
+            def ask() -> httpx.Response:
+                return c.post("/v1/tables/item/neighbors", json={"key": 3, "k": 2})
+
+            assert ask().status_code == 200
+            t.upsert(np.arange(100, 150), rng.normal(size=(50, 4)).astype(np.float32))
+            assert db.publish(root)["kind"] == "delta"
+            assert c.app.state.follower.poll()  # applied now, not by the 3600 s timer
+            [listed] = c.get("/v1/tables").json()["tables"]
+            assert listed["rows"] == 150
+            r = ask()
+            assert r.status_code == 422 and "has 150 rows" in r.json()["detail"], r.text
+            t.delete(np.arange(40))  # back under the limit: 110 rows
+            db.publish(root)
+            assert c.app.state.follower.poll()
+            got = ask().json()
+            assert got["keys"] == t.neighbors(3, 2)[0].tolist()
 
 
 def test_deletes_compaction_and_ttl_reach_the_server(tmp_path: Path) -> None:
@@ -601,7 +633,7 @@ def test_a_repeated_failure_is_logged_again_after_repeat_log_s_with_its_count(
     caplog.set_level(logging.WARNING, logger="evdb.api.follow")
     assert not f.poll() and not f.poll()
     assert len(_follow_logs(caplog)) == 1
-    monkeypatch.setattr(follow, "REPEAT_LOG_S", 0.0)  # the low rate's interval has passed
+    monkeypatch.setattr(failures, "REPEAT_LOG_S", 0.0)  # the low rate's interval has passed
     assert not f.poll()
     first, again = (r.getMessage() for r in _follow_logs(caplog))
     assert "(checksum)" in first and "item.npz" in first

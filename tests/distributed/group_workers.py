@@ -137,11 +137,21 @@ def misuse(rank: int, world: int, out: Path) -> dict[str, Any]:
     row = a.lookup(np.array([1]))[0].tolist()
     attempt("double_push", lambda: coll.push(p, grads))  # refused everywhere, unchanged
     seen["row_changed_by_double_push"] = a.lookup(np.array([1]))[0].tolist() != row
+    again = coll.pull(good)  # a part of a grouped pull pushed through its table: refused
+    attempt("part_through_table", lambda: a.push(again["a"], grads["a"]))
+    coll.push(again, grads)
     # rank 0 pulls the collection while rank 1 pulls one table
     attempt("mismatch", lambda: coll.pull(good) if rank == 0 else a.pull(good["a"]))
     # a rank with other tables (another collection) is caught by the header
     other = evd.ShardedCollection([b, a] if rank == 1 else [a, b])
     attempt("other_collection", lambda: other.pull(good))
+    for what, args, kw in (
+        ("twice", ([a, a],), {}),
+        ("empty", ([],), {}),
+        ("payload", ([a, b],), {"payload_dtype": "int8"}),
+        ("not_sharded", ([a, a.local],), {}),
+    ):  # refused at construction, before any collective
+        attempt(f"config_{what}", lambda args=args, kw=kw: evd.ShardedCollection(*args, **kw))
     seen["len_end"] = [len(a), len(b)]
     db.close()
     return seen
@@ -224,3 +234,64 @@ def _count_collectives() -> Any:
         setattr(dist, name, wrapped)
     start = n[0]
     return lambda: n[0] - start
+
+
+def pipelined(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """The same training, once as the plain loop and once through ``TrainPipeline``; one
+    table spills to disk (6 rows in DRAM), so the owners' prefetch has rows to read."""
+    used = {}
+    for piped in (False, True):
+        db = evd.open(out / f"root-{piped}")
+        tables = {n: db.create_table(n, **options(n)) for n in TABLES}
+        tables["spill"] = db.create_table(
+            "spill", dim=4, dram_rows=6, optimizer=evdb.optim.Adagrad(lr=0.1)
+        )
+        coll = evd.ShardedCollection(list(tables.values()))
+        batches = [
+            {n: part(batch_of(n if n in TABLES else "sgd", s), rank, world) for n in tables}
+            for s in range(STEPS)
+        ]
+        pulls = []
+        pipe = evd.TrainPipeline(coll) if piped else None
+        pairs = (
+            pipe.run(batches, keys_of=lambda b: b)
+            if pipe is not None
+            else ((b, coll.pull(b)) for b in batches)  # lazily: each pull after the last push
+        )
+        for s, (keys, p) in enumerate(pairs):
+            pulls.append({n: p[n].rows[p[n].inverse].copy() for n in tables})
+            grads = {n: grads_for(keys[n], s, t.dim, False) for n, t in tables.items()}
+            coll.push(p, grads, per_position=True)
+            db.advance()
+        if pipe is not None:
+            pipe.close()
+        np.savez(
+            out / f"pulls-{piped}-{rank}.npz",
+            **{f"{s}.{n}": rows for s, p in enumerate(pulls) for n, rows in p.items()},
+        )
+        used[str(piped)] = int(tables["spill"].local.stats()["tiers"]["rocksdb"]["read_ahead_used"])
+        dump_records(db, out / f"piped-{piped}-shard-{rank}.npz")
+        db.close()
+    return used
+
+
+def example(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """examples/movielens_sharded.py on synthetic data, one epoch, through the module and
+    through the pipeline (bfloat16 payloads both times): rank 0's printed lines."""
+    import contextlib
+    import io
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import movielens_sharded
+
+    lines = {}
+    for how in ("module", "pipeline"):
+        argv = ["--out", str(out / how), "--synthetic", "--epochs", "1", "--batch", "1024"]
+        argv += ["--payload", "bfloat16"] + (["--pipeline"] if how == "pipeline" else [])
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            rc = movielens_sharded.main(argv)
+        assert rc == 0, how
+        lines[how] = printed.getvalue().splitlines()
+    return lines

@@ -25,7 +25,7 @@ CHILD = textwrap.dedent(
     from evdb import checkpoint as ck
 
     db_path, dest, mode = sys.argv[1:4]
-    finish = ck._finish
+    finish = ck.finish_dir
 
     def patched(tmp, dest, manifest):
         if mode == "die":
@@ -34,7 +34,7 @@ CHILD = textwrap.dedent(
         sys.stdin.readline()
         finish(tmp, dest, manifest)
 
-    ck._finish = patched
+    ck.finish_dir = patched
     with evdb.open(db_path) as db:
         db.create_table("t", dim=4).upsert(np.arange(50), np.ones((50, 4), np.float32))
         db.checkpoint(dest)

@@ -258,7 +258,7 @@ def test_close_from_another_thread_waits_for_the_call_in_flight(tmp_path: Path) 
     db = evdb.open(tmp_path / "db")
     t = db.create_table("t", dim=DIM, disk=False)
     t.upsert([1], _rows(np.array([1]), 1))
-    lock = db._rwlock
+    lock = db.rwlock
     lock.acquire_shared()  # a read in flight on this thread
     closed = threading.Event()
     closer = threading.Thread(target=lambda: (db.close(), closed.set()))

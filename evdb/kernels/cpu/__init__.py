@@ -1,7 +1,9 @@
 """Numba versions of the kernels in ``evdb.kernels.reference``: same names, same argument order.
 
-Every kernel is compiled eagerly from an explicit signature with ``nogil=True, cache=True``, so
-the first import pays compilation once per machine and later imports load from the cache.
+Every kernel has an explicit signature and ``nogil=True, cache=True``, and compiles on its
+first call (``_common.Kernel``): a process pays only for the kernels it uses, once per machine,
+and loads them from numba's on-disk cache after that. ``evdb warmup`` compiles them all ahead
+of time (``evdb.kernels.warm_up``).
 Parallel kernels (``prange``) use numba's thread pool; NUMBA_NUM_THREADS caps it. Kernels with
 a serial and a parallel variant pick one by batch size (``PARALLEL_MIN_KEYS``).
 """

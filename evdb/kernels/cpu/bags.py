@@ -8,17 +8,17 @@ call never waits on numba's thread pool.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import prange, types
 
 from evdb.kernels.cpu._common import (
     F4,
     F4_2D,
     I8,
     I8_2D,
-    OPTS,
     PARALLEL_MIN_KEYS,
     f8,
     i8,
+    lazy_njit,
     u8,
 )
 from evdb.kernels.cpu.index import probe_range
@@ -28,7 +28,7 @@ BAG_CHUNK = 32  # bags per task; their keys are hashed and prefetched together
 NORM_EPS = 1e-7
 
 
-@njit(f8(F4, I8, i8, i8), inline="always", **OPTS)
+@lazy_njit(f8(F4, I8, i8, i8), inline="always")
 def _divisor(weights, bounds, b, combiner):  # type: ignore[no-untyped-def]
     if combiner == 0:
         return 1.0
@@ -39,7 +39,7 @@ def _divisor(weights, bounds, b, combiner):  # type: ignore[no-untyped-def]
     return acc if combiner == 1 else np.sqrt(acc)
 
 
-@njit(f8(F4_2D, i8, f8), inline="always", **OPTS)
+@lazy_njit(f8(F4_2D, i8, f8), inline="always")
 def _clip_scale(x, r, max_norm):  # type: ignore[no-untyped-def]
     if max_norm == np.inf:
         return 1.0
@@ -54,10 +54,9 @@ def _clip_scale(x, r, max_norm):  # type: ignore[no-untyped-def]
 _PGC_SIG = i8(I8_2D, F4_2D, I8, I8, I8, F4, i8, i8, f8, i8, u8, f8, f8, F4_2D)
 
 
-@njit(
+@lazy_njit(
     i8(i8, I8_2D, F4_2D, I8, I8, I8, F4, i8, i8, f8, i8, u8, f8, f8, F4_2D),
     inline="always",
-    **OPTS,
 )
 def _pgc_chunk(  # type: ignore[no-untyped-def]
     c,
@@ -111,7 +110,7 @@ def _pgc_chunk(  # type: ignore[no-untyped-def]
     return missing
 
 
-@njit(_PGC_SIG, **OPTS)
+@lazy_njit(_PGC_SIG)
 def _probe_gather_combine_serial(  # type: ignore[no-untyped-def]
     slots,
     values,
@@ -150,7 +149,7 @@ def _probe_gather_combine_serial(  # type: ignore[no-untyped-def]
     return missing
 
 
-@njit(_PGC_SIG, parallel=True, **OPTS)
+@lazy_njit(_PGC_SIG, parallel=True)
 def _probe_gather_combine_parallel(  # type: ignore[no-untyped-def]
     slots,
     values,
@@ -232,7 +231,7 @@ def probe_gather_combine(  # type: ignore[no-untyped-def]
 _GC_SIG = types.void(F4_2D, I8, I8, F4, i8, f8, F4_2D)
 
 
-@njit(types.void(i8, F4_2D, I8, I8, F4, i8, f8, F4_2D), inline="always", **OPTS)
+@lazy_njit(types.void(i8, F4_2D, I8, I8, F4, i8, f8, F4_2D), inline="always")
 def _combine_bag(b, rows, inverse, bounds, weights, combiner, max_norm, out):  # type: ignore[no-untyped-def]
     dim = rows.shape[1]
     for j in range(dim):
@@ -257,13 +256,13 @@ def _combine_bag(b, rows, inverse, bounds, weights, combiner, max_norm, out):  #
             out[b, j] += scale * rows[r, j]
 
 
-@njit(_GC_SIG, **OPTS)
+@lazy_njit(_GC_SIG)
 def _gather_combine_serial(rows, inverse, bounds, weights, combiner, max_norm, out):  # type: ignore[no-untyped-def]
     for b in range(bounds.shape[0] - 1):
         _combine_bag(b, rows, inverse, bounds, weights, combiner, max_norm, out)
 
 
-@njit(_GC_SIG, parallel=True, **OPTS)
+@lazy_njit(_GC_SIG, parallel=True)
 def _gather_combine_parallel(rows, inverse, bounds, weights, combiner, max_norm, out):  # type: ignore[no-untyped-def]
     for b in prange(bounds.shape[0] - 1):
         _combine_bag(b, rows, inverse, bounds, weights, combiner, max_norm, out)
@@ -284,7 +283,7 @@ def gather_combine(rows, inverse, bounds, weights, combiner, max_norm, out) -> N
 # serial scatter reads grad_out in order and touches each row once per position.
 
 
-@njit(types.void(F4_2D, F4_2D, I8, I8, F4, i8, f8, F4_2D), **OPTS)
+@lazy_njit(types.void(F4_2D, F4_2D, I8, I8, F4, i8, f8, F4_2D))
 def combine_backward(  # type: ignore[no-untyped-def]
     grad_out, rows, inverse, bounds, weights, combiner, max_norm, out
 ):

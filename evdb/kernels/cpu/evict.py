@@ -6,12 +6,11 @@ one 3.0)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from evdb.kernels.cpu._common import B1, F8, I8, OPTS, U4, b1, i8
+from evdb.kernels.cpu._common import B1, F8, I8, U4, b1, i8, lazy_njit
 
 
-@njit(i8(B1, B1, B1, U4, I8, i8, i8, i8, b1, I8, F8, B1), **OPTS)
+@lazy_njit(i8(B1, B1, B1, U4, I8, i8, i8, i8, b1, I8, F8, B1))
 def victim_candidates(  # type: ignore[no-untyped-def]
     is_live,
     is_pinned,

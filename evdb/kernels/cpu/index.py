@@ -24,6 +24,7 @@ from evdb.kernels.cpu._common import (
     U8,
     copy_row,
     i8,
+    lazy_njit,
     mix64,
     prefetch,
     prefetch_write,
@@ -34,12 +35,12 @@ GATHER_CHUNK = 32  # keys whose misses probe_gather overlaps (16-128 measured th
 FIND_AHEAD = 16  # keys between hash_find's prefetch of a home slot and its probe
 
 
-@njit(i8(i8, i8), inline="always", **OPTS)
+@lazy_njit(i8(i8, i8), inline="always")
 def _home(key, mask):  # type: ignore[no-untyped-def]
     return np.int64(mix64(np.uint64(key)) & np.uint64(mask))
 
 
-@njit(i8(I8_2D, i8, i8, i8), inline="always", **OPTS)
+@lazy_njit(i8(I8_2D, i8, i8, i8), inline="always")
 def _probe_from(slots, mask, key, j):  # type: ignore[no-untyped-def]
     while True:
         r = slots[j, 1]
@@ -74,12 +75,12 @@ def _find_range(slots, keys, lo, hi, out):  # type: ignore[no-untyped-def]
 _FIND_CHUNK = 1024  # keys per parallel task (4,096 left a 4,096-key batch on one thread)
 
 
-@njit(types.void(I8_2D, I8, I8), **OPTS)
+@lazy_njit(types.void(I8_2D, I8, I8))
 def _hash_find_serial(slots, keys, out):  # type: ignore[no-untyped-def]
     _find_range(slots, keys, 0, keys.shape[0], out)
 
 
-@njit(types.void(I8_2D, I8, I8), parallel=True, **OPTS)
+@lazy_njit(types.void(I8_2D, I8, I8), parallel=True)
 def _hash_find_parallel(slots, keys, out):  # type: ignore[no-untyped-def]
     n = keys.shape[0]
     for c in prange((n + _FIND_CHUNK - 1) // _FIND_CHUNK):
@@ -94,7 +95,7 @@ def hash_find(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
     kernel(slots, keys, out)
 
 
-@njit(types.void(I8_2D, I8, I8), **OPTS)
+@lazy_njit(types.void(I8_2D, I8, I8))
 def hash_insert(slots, keys, rows):  # type: ignore[no-untyped-def]
     # The home slots FIND_AHEAD keys ahead are prefetched, as in hash_find: the keys a pull
     # creates are scattered over an index larger than the caches, one miss each. Each key is
@@ -118,7 +119,7 @@ def hash_insert(slots, keys, rows):  # type: ignore[no-untyped-def]
         slots[j, 1] = rows[i]
 
 
-@njit(types.void(I8_2D, I8, I8), **OPTS)
+@lazy_njit(types.void(I8_2D, I8, I8))
 def hash_remove(slots, keys, out):  # type: ignore[no-untyped-def]
     mask = slots.shape[0] - 1
     for i in range(keys.shape[0]):
@@ -169,10 +170,9 @@ def probe_range(slots, values, last_step, keys, lo, hi, min_live_step, out):  # 
         out[p - lo] = r
 
 
-@njit(
+@lazy_njit(
     i8(i8, I8_2D, F4_2D, I8, I8, i8, F4_2D, I8),
     inline="always",
-    **OPTS,
 )
 def _probe_gather_chunk(  # type: ignore[no-untyped-def]
     chunk, slots, values, last_step, keys, min_live_step, out, out_rows
@@ -194,7 +194,7 @@ def _probe_gather_chunk(  # type: ignore[no-untyped-def]
 _PG_SIG = i8(I8_2D, F4_2D, I8, I8, i8, F4_2D, I8)
 
 
-@njit(_PG_SIG, **OPTS)
+@lazy_njit(_PG_SIG)
 def _probe_gather_serial(  # type: ignore[no-untyped-def]
     slots, values, last_step, keys, min_live_step, out, out_rows
 ):
@@ -206,7 +206,7 @@ def _probe_gather_serial(  # type: ignore[no-untyped-def]
     return missing
 
 
-@njit(_PG_SIG, parallel=True, **OPTS)
+@lazy_njit(_PG_SIG, parallel=True)
 def _probe_gather_parallel(  # type: ignore[no-untyped-def]
     slots, values, last_step, keys, min_live_step, out, out_rows
 ):
@@ -233,7 +233,7 @@ def probe_gather(
     return int(kernel(slots, values, last_step, keys, min_live_step, out, out_rows))
 
 
-@njit(types.UniTuple(i8, 2)(I8_2D, i8, i8, i8), inline="always", **OPTS)
+@lazy_njit(types.UniTuple(i8, 2)(I8_2D, i8, i8, i8), inline="always")
 def _find_or_add(scratch, mask, key, u):  # type: ignore[no-untyped-def]
     """(position of key in a dedup scratch index, -1) if present; else add it at position u
     and return (u, the slot it took), so the caller can clear that slot later."""
@@ -249,7 +249,7 @@ def _find_or_add(scratch, mask, key, u):  # type: ignore[no-untyped-def]
         j = (j + 1) & mask
 
 
-@njit(i8(I8, I8_2D, I8, I8, I8), **OPTS)
+@lazy_njit(i8(I8, I8_2D, I8, I8, I8))
 def unique_inverse(keys, scratch, out_unique, out_inverse, out_counts):  # type: ignore[no-untyped-def]
     # scratch is a caller-owned index (key, position in out_unique), empty on entry and left
     # empty on exit: only the slots used are cleared, so a reused scratch costs no allocation,
@@ -276,7 +276,7 @@ def unique_inverse(keys, scratch, out_unique, out_inverse, out_counts):  # type:
     return u
 
 
-@njit(types.void(U1, I8, I8, i8, u8, I8), **OPTS)
+@lazy_njit(types.void(U1, I8, I8, i8, u8, I8))
 def sketch_add(counters, keys, counts, n_hashes, seed, out):  # type: ignore[no-untyped-def]
     width = np.uint64(counters.shape[0])
     n = keys.shape[0]
@@ -298,7 +298,7 @@ def sketch_add(counters, keys, counts, n_hashes, seed, out):  # type: ignore[no-
         out[i] = best if n_hashes > 0 else 0
 
 
-@njit(types.void(U8, I8, i8, u8), **OPTS)
+@lazy_njit(types.void(U8, I8, i8, u8))
 def bloom_add(bits, keys, n_hashes, seed):  # type: ignore[no-untyped-def]
     width = np.uint64(bits.shape[0] * 64)
     for i in range(keys.shape[0]):
@@ -309,7 +309,7 @@ def bloom_add(bits, keys, n_hashes, seed):  # type: ignore[no-untyped-def]
             bits[p >> np.uint64(6)] |= np.uint64(1) << (p & np.uint64(63))
 
 
-@njit(types.void(U8, I8, i8, u8, B1), **OPTS)
+@lazy_njit(types.void(U8, I8, i8, u8, B1))
 def bloom_query(bits, keys, n_hashes, seed, out):  # type: ignore[no-untyped-def]
     width = np.uint64(bits.shape[0] * 64)
     for i in range(keys.shape[0]):
@@ -324,7 +324,7 @@ def bloom_query(bits, keys, n_hashes, seed, out):  # type: ignore[no-untyped-def
         out[i] = hit
 
 
-@njit(i8(I8, I8, I4, I8_2D, I8, I8, I8, I8), **OPTS)
+@lazy_njit(i8(I8, I8, I4, I8_2D, I8, I8, I8, I8))
 def unique_rows(  # type: ignore[no-untyped-def]
     keys, rows, mark, scratch, out_unique, out_inverse, out_counts, out_rows
 ):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import prange, types
 
-from evdb.kernels.cpu._common import F4_2D, I8, OPTS, b1, f8, i8, mix64, u8
+from evdb.kernels.cpu._common import F4_2D, I8, b1, f8, i8, lazy_njit, mix64, u8
 from evdb.kernels.cpu.libm import cos_sin_turns, log_positive
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -17,7 +17,7 @@ _ROUNDING = 2.0**-22  # twice a float32 ulp's relative size bounds both rounding
 PARALLEL_MIN_VALUES = 4096
 
 
-@njit(f8(u8, i8), inline="always", **OPTS)
+@lazy_njit(f8(u8, i8), inline="always")
 def _uniform_bits(base, col):  # type: ignore[no-untyped-def]
     """Column col's uniform of a key whose stream starts at base = mix64(key ^ salt). The
     53 bits convert as a signed int64 (the same value) because that, unlike uint64, has a
@@ -26,31 +26,31 @@ def _uniform_bits(base, col):  # type: ignore[no-untyped-def]
     return (np.float64(np.int64(bits >> np.uint64(11))) + 0.5) * (1.0 / 9007199254740992.0)
 
 
-@njit(f8(u8, u8, i8), inline="always", **OPTS)
+@lazy_njit(f8(u8, u8, i8), inline="always")
 def _uniform01(salt, key_bits, col):  # type: ignore[no-untyped-def]
     return _uniform_bits(mix64(key_bits ^ salt), col)
 
 
-@njit(u8(u8, i8), inline="always", **OPTS)
+@lazy_njit(u8(u8, i8), inline="always")
 def _salt(seed, stream):  # type: ignore[no-untyped-def]
     return mix64(seed + np.uint64(stream) * _GAMMA)
 
 
-@njit(types.void(i8, I8, u8, f8, f8, F4_2D), inline="always", **OPTS)
+@lazy_njit(types.void(i8, I8, u8, f8, f8, F4_2D), inline="always")
 def _uniform_row(i, keys, salt, low, high, out):  # type: ignore[no-untyped-def]
     k = np.uint64(keys[i])
     for c in range(out.shape[1]):
         out[i, c] = low + (high - low) * _uniform01(salt, k, c)
 
 
-@njit(types.void(I8, u8, f8, f8, F4_2D), **OPTS)
+@lazy_njit(types.void(I8, u8, f8, f8, F4_2D))
 def _fill_uniform_serial(keys, seed, low, high, out):  # type: ignore[no-untyped-def]
     salt = _salt(seed, 0)
     for i in range(keys.shape[0]):
         _uniform_row(i, keys, salt, low, high, out)
 
 
-@njit(types.void(I8, u8, f8, f8, F4_2D), parallel=True, **OPTS)
+@lazy_njit(types.void(I8, u8, f8, f8, F4_2D), parallel=True)
 def _fill_uniform_parallel(keys, seed, low, high, out):  # type: ignore[no-untyped-def]
     salt = _salt(seed, 0)
     for i in prange(keys.shape[0]):
@@ -63,7 +63,7 @@ def fill_uniform(keys, seed, low, high, out) -> None:  # type: ignore[no-untyped
     (_fill_uniform_parallel if big else _fill_uniform_serial)(keys, seed, low, high, out)
 
 
-@njit(f8(u8, u8, i8, i8), inline="always", **OPTS)
+@lazy_njit(f8(u8, u8, i8, i8), inline="always")
 def _normal(seed, key_bits, col, attempt):  # type: ignore[no-untyped-def]
     u1 = _uniform01(_salt(seed, 2 * attempt), key_bits, col // 2)
     u2 = _uniform01(_salt(seed, 2 * attempt + 1), key_bits, col // 2)
@@ -72,7 +72,7 @@ def _normal(seed, key_bits, col, attempt):  # type: ignore[no-untyped-def]
     return r * (c if col % 2 == 0 else s)
 
 
-@njit(f8(u8, u8, i8), inline="always", **OPTS)
+@lazy_njit(f8(u8, u8, i8), inline="always")
 def _truncated(seed, key_bits, col):  # type: ignore[no-untyped-def]
     """Column col's z, redrawn from its own streams while beyond the truncation."""
     z = _normal(seed, key_bits, col, 0)
@@ -83,7 +83,7 @@ def _truncated(seed, key_bits, col):  # type: ignore[no-untyped-def]
     return min(max(z, -_TRUNCATE_AT), _TRUNCATE_AT)
 
 
-@njit(types.void(i8, u8, u8, f8, f8, b1, F4_2D), inline="always", **OPTS)
+@lazy_njit(types.void(i8, u8, u8, f8, f8, b1, F4_2D), inline="always")
 def _normal_row(i, key_bits, seed, mean, std, truncate, out):  # type: ignore[no-untyped-def]
     # Columns come in Box-Muller pairs (one log and sqrt for two values), in a loop LLVM
     # vectorises (libm's polynomials inlined, see libm.py: 6,554 rows of dim 64 on two
@@ -115,13 +115,13 @@ def _normal_row(i, key_bits, seed, mean, std, truncate, out):  # type: ignore[no
                     out[i, c] = mean + std * _truncated(seed, key_bits, c)
 
 
-@njit(types.void(I8, u8, f8, f8, b1, F4_2D), **OPTS)
+@lazy_njit(types.void(I8, u8, f8, f8, b1, F4_2D))
 def _fill_normal_serial(keys, seed, mean, std, truncate, out):  # type: ignore[no-untyped-def]
     for i in range(keys.shape[0]):
         _normal_row(i, np.uint64(keys[i]), seed, mean, std, truncate, out)
 
 
-@njit(types.void(I8, u8, f8, f8, b1, F4_2D), parallel=True, **OPTS)
+@lazy_njit(types.void(I8, u8, f8, f8, b1, F4_2D), parallel=True)
 def _fill_normal_parallel(keys, seed, mean, std, truncate, out):  # type: ignore[no-untyped-def]
     for i in prange(keys.shape[0]):
         _normal_row(i, np.uint64(keys[i]), seed, mean, std, truncate, out)
@@ -135,7 +135,7 @@ def fill_normal(keys, seed, mean, std, truncate, out) -> None:  # type: ignore[n
     kernel(keys, seed, mean, std, truncate, out)
 
 
-@njit(types.void(i8, u8, f8, f8, u8, F4_2D, i8), inline="always", **OPTS)
+@lazy_njit(types.void(i8, u8, f8, f8, u8, F4_2D, i8), inline="always")
 def default_row(kind, seed, a, b, key_bits, out, i):  # type: ignore[no-untyped-def]
     """out[i] = a key's default value, bit-identical to what fill_* writes: kind 0 =
     constant a, 1 = uniform [a, b), 2 = normal(a, b), 3 = truncated normal(a, b)."""

@@ -5,12 +5,10 @@ gathers holding the GIL) made lookups during an apply wait for it."""
 
 from __future__ import annotations
 
-from numba import njit
-
-from evdb.kernels.cpu._common import B1, F4_2D, I8, OPTS, i8
+from evdb.kernels.cpu._common import B1, F4_2D, I8, i8, lazy_njit
 
 
-@njit(i8(I8, F4_2D, I8, B1, I8, F4_2D, I8, B1, I8, F4_2D, I8, B1), **OPTS)
+@lazy_njit(i8(I8, F4_2D, I8, B1, I8, F4_2D, I8, B1, I8, F4_2D, I8, B1))
 def merge_newest(  # type: ignore[no-untyped-def]
     a_keys,
     a_values,

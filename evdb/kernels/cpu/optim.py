@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import prange, types
 
-from evdb.kernels.cpu._common import F4_2D, F8, I8, OPTS, PARALLEL_MIN_KEYS, i8, prefetch
+from evdb.kernels.cpu._common import F4_2D, F8, I8, PARALLEL_MIN_KEYS, i8, lazy_njit, prefetch
 
 ROW_CHUNK = 64  # rows per task: the gradient scratch is allocated once per chunk
 PREFETCH_AHEAD = 8  # rows between a prefetch and its use
 
 
-@njit(types.void(I8, I8, I8), **OPTS)
+@lazy_njit(types.void(I8, I8, I8))
 def group_positions(inverse, bounds, out):  # type: ignore[no-untyped-def]
     # Counting sort: one pass over the positions, no comparison sort.
     fill = bounds[:-1].copy()
@@ -21,7 +21,7 @@ def group_positions(inverse, bounds, out):  # type: ignore[no-untyped-def]
         fill[u] += 1
 
 
-@njit(types.float64(F8), inline="always", **OPTS)
+@lazy_njit(types.float64(F8), inline="always")
 def _norm(x):  # type: ignore[no-untyped-def]
     acc = 0.0
     for j in range(x.shape[0]):
@@ -29,7 +29,7 @@ def _norm(x):  # type: ignore[no-untyped-def]
     return np.sqrt(acc)
 
 
-@njit(types.float64(types.float64, types.float64), inline="always", **OPTS)
+@lazy_njit(types.float64(types.float64, types.float64), inline="always")
 def _ftrl_power(n, lr_power):  # type: ignore[no-untyped-def]
     return np.sqrt(n) if lr_power == -0.5 else n ** (-lr_power)
 
@@ -37,7 +37,7 @@ def _ftrl_power(n, lr_power):  # type: ignore[no-untyped-def]
 _SSA_SIG = types.void(F4_2D, I8, I8, I8, i8, F8, F4_2D, F4_2D)
 
 
-@njit(types.void(i8, F4_2D, I8, I8, I8, i8, F8, F4_2D, F4_2D), inline="always", **OPTS)
+@lazy_njit(types.void(i8, F4_2D, I8, I8, I8, i8, F8, F4_2D, F4_2D), inline="always")
 def _apply_chunk(  # type: ignore[no-untyped-def]
     c, grads, positions, bounds, rows, kind, hyper, values, slots
 ):
@@ -147,7 +147,7 @@ def _apply_chunk(  # type: ignore[no-untyped-def]
             values[r, j] = w[j]
 
 
-@njit(_SSA_SIG, **OPTS)
+@lazy_njit(_SSA_SIG)
 def _segment_sum_apply_serial(  # type: ignore[no-untyped-def]
     grads, positions, bounds, rows, kind, hyper, values, slots
 ):
@@ -155,7 +155,7 @@ def _segment_sum_apply_serial(  # type: ignore[no-untyped-def]
         _apply_chunk(c, grads, positions, bounds, rows, kind, hyper, values, slots)
 
 
-@njit(_SSA_SIG, parallel=True, **OPTS)
+@lazy_njit(_SSA_SIG, parallel=True)
 def _segment_sum_apply_parallel(  # type: ignore[no-untyped-def]
     grads, positions, bounds, rows, kind, hyper, values, slots
 ):

@@ -20,12 +20,13 @@ from evdb.kernels.cpu._common import (
     U8,
     copy_row,
     i8,
+    lazy_njit,
     prefetch,
     prefetch_write,
 )
 
 
-@njit(types.UniTuple(i8, 2)(I8, U1, i8, i8, i8, I8, U8, B1), **OPTS)
+@lazy_njit(types.UniTuple(i8, 2)(I8, U1, i8, i8, i8, I8, U8, B1))
 def stamp_pushed(  # type: ignore[no-untyped-def]
     rows, flags, frozen_bit, step, version, last_step, versions, is_dirty
 ):
@@ -50,7 +51,7 @@ def stamp_pushed(  # type: ignore[no-untyped-def]
 _CLEAR_AHEAD = 16  # rows between a flag's prefetch and its write
 
 
-@njit(types.void(B1, I8), **OPTS)
+@lazy_njit(types.void(B1, I8))
 def clear_flags(flags, rows):  # type: ignore[no-untyped-def]
     """flags[rows] = False with the lines' misses overlapped: a pull unpinning the previous
     batch's 65,536 rows spent 0.42 ms in numpy's scatter, whose misses serialise."""
@@ -101,7 +102,7 @@ _SG_SIG = i8(I8, I8, i8, i8, i8, U4, I8, U8, B1, B1, F4_2D, F4_2D)
 
 
 # Two drivers of one chunk body, not one body wrapped twice (numba's cache: see cpu/index.py)
-@njit(_SG_SIG, **OPTS)
+@lazy_njit(_SG_SIG)
 def _stamp_gather_serial(  # type: ignore[no-untyped-def]
     rows, counts, step, version, freq_max,
     freq, last_step, versions, is_dirty, is_pinned, values, out,
@@ -116,7 +117,7 @@ def _stamp_gather_serial(  # type: ignore[no-untyped-def]
     return n
 
 
-@njit(_SG_SIG, parallel=True, **OPTS)
+@lazy_njit(_SG_SIG, parallel=True)
 def _stamp_gather_parallel(  # type: ignore[no-untyped-def]
     rows, counts, step, version, freq_max,
     freq, last_step, versions, is_dirty, is_pinned, values, out,

@@ -1,0 +1,134 @@
+"""The two hot loops of key tracing and sizing, in numba, beside their plain-numpy references.
+
+- ``sample_keys``: which keys a trace keeps. A key is kept when its splitmix64 hash (salted by
+  the trace's seed) falls under ``threshold / 2**53``: spatial sampling (SHARDS, Waldspurger et
+  al., FAST'15), so a key is either always or never kept, and every access of a kept key is in
+  the trace. Fused hash + compare + compaction in one pass: numpy's version (``mix64_np``, a
+  compare and a boolean index) makes 8 passes over the batch and allocates 4 arrays.
+- ``stack_distances``: each access's LRU stack distance, the number of distinct other keys
+  touched since the same key's previous access (-1 for a first access), by a Fenwick tree over
+  positions that marks each key's latest access: O(n log n). An LRU cache of C rows hits an
+  access exactly when its distance is < C (Mattson et al. 1970).
+
+The references (``*_reference``) are the specification; ``tests/test_sizing.py`` checks the
+kernels against them. They live here, not in ``evdb.kernels``, because nothing in a table
+runs them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, types
+
+from evdb._types import Int64Array
+from evdb.kernels.hashing import mix64_np
+
+__all__ = [
+    "THRESHOLD_BITS",
+    "sample_keys",
+    "sample_keys_reference",
+    "sample_threshold",
+    "stack_distances",
+    "stack_distances_reference",
+]
+
+THRESHOLD_BITS = 53  # a key is kept when (hash >> 11) < threshold, threshold in [0, 2**53]
+_SHIFT = np.uint64(64 - THRESHOLD_BITS)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+_I8 = types.Array(types.int64, 1, "C")
+_I8A = types.Array(types.int64, 1, "A")  # keys may be a strided view of the caller's array
+
+
+def sample_threshold(rate: float) -> int:
+    """The threshold that keeps a fraction ``rate`` of the key space (rate in (0, 1])."""
+    return math.floor(rate * (1 << THRESHOLD_BITS) + 0.5)
+
+
+def sample_keys_reference(keys: Int64Array, salt: int, threshold: int) -> Int64Array:
+    """The keys (in order, repeats kept) whose salted hash falls under the threshold."""
+    h = mix64_np(keys.view(np.uint64) ^ np.uint64(salt))
+    return keys[(h >> _SHIFT) < np.uint64(threshold)]
+
+
+@njit(types.int64(_I8A, types.uint64, types.uint64, _I8), nogil=True, cache=True)
+def _sample_into(keys, salt, threshold, out):  # type: ignore[no-untyped-def]
+    n = 0
+    for i in range(keys.shape[0]):
+        x = np.uint64(keys[i]) ^ salt
+        x ^= x >> _S30
+        x *= _M1
+        x ^= x >> _S27
+        x *= _M2
+        x ^= x >> _S31
+        if (x >> _SHIFT) < threshold:
+            out[n] = keys[i]
+            n += 1
+    return n
+
+
+def sample_keys(keys: Int64Array, salt: int, threshold: int) -> Int64Array:
+    """``sample_keys_reference`` in one numba pass (a new array; keys is not changed)."""
+    out = np.empty(keys.shape[0], dtype=np.int64)
+    n = _sample_into(keys, np.uint64(salt), np.uint64(threshold), out)
+    return out[:n].copy() if n < keys.shape[0] // 2 else out[:n]
+
+
+def stack_distances_reference(ids: Int64Array) -> Int64Array:
+    """Brute force: replay an LRU stack (a list, most recent first) and read each access's
+    depth in it before moving the key to the top; -1 for a key not in the stack yet."""
+    stack: list[int] = []
+    out = np.empty(ids.shape[0], dtype=np.int64)
+    for i, key in enumerate(ids.tolist()):
+        if key in stack:
+            depth = stack.index(key)
+            stack.pop(depth)
+            out[i] = depth
+        else:
+            out[i] = -1
+        stack.insert(0, key)
+    return out
+
+
+@njit(types.void(_I8, types.int64, _I8), nogil=True, cache=True)
+def _stack_distances(ids, n_ids, out):  # type: ignore[no-untyped-def]
+    n = ids.shape[0]
+    last = np.full(n_ids, -1, dtype=np.int64)
+    tree = np.zeros(n + 1, dtype=np.int64)  # Fenwick tree: 1 at each key's latest position
+    marked = 0
+    for i in range(n):
+        k = ids[i]
+        p = last[k]
+        if p < 0:
+            out[i] = -1
+        else:
+            s = 0  # marks at positions <= p (p's own mark included)
+            j = p + 1
+            while j > 0:
+                s += tree[j]
+                j -= j & -j
+            out[i] = marked - s  # marks strictly after p: distinct keys touched since
+            j = p + 1
+            while j <= n:
+                tree[j] -= 1
+                j += j & -j
+            marked -= 1
+        j = i + 1
+        while j <= n:
+            tree[j] += 1
+            j += j & -j
+        marked += 1
+        last[k] = i
+
+
+def stack_distances(ids: Int64Array, n_ids: int) -> Int64Array:
+    """LRU stack distances of ``ids`` (n,) int64, dense ids in [0, n_ids): (n,) int64, -1 for
+    a first access (see ``stack_distances_reference``)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    out = np.empty(ids.shape[0], dtype=np.int64)
+    _stack_distances(ids, n_ids, out)
+    return out

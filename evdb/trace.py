@@ -1,0 +1,594 @@
+"""Key traces: the keys a table is asked for, sampled by key hash, for ``evdb size``.
+
+A ``KeyRecorder`` keeps every access of a fixed fraction of the key space (spatial sampling,
+SHARDS: a key is kept or dropped by its salted hash, so a kept key's reuse pattern is whole)
+and writes them, batch by batch with their operation and step, to one chunked file. A trace
+can also come from the user's own logs (``read_key_log``: an npy, npz or parquet column of
+keys, with optional steps), sampled the same way as it is read.
+
+File format (little-endian; version 1)::
+
+    "EVDBTRC1" | u32 header_len | header (UTF-8 JSON) | u32 crc32(header)
+    chunk*:  "CHNK" | u32 n_batches | u64 n_keys | u32 crc32(payload) | payload
+             payload = op u8[b] | step i64[b] | length i64[b] | seen i64[b]
+                       | counted i64[b] | keys i64[n]
+    end:     "END!" | u64 batches | u64 keys | u64 seen | u32 crc32(those 24 bytes)
+
+The header names the table, the digest of its configuration (and the configuration itself,
+so ``evdb size`` can simulate it without the database), the sampling rate and seed. ``seen``
+is each batch's key count before sampling, ``counted`` the accesses the table's hit and miss
+counters count for it (a pull's distinct keys, a lookup's positions; -1 if unknown). A batch's
+kept keys are one run of ``keys``; every call is a batch, also one that kept no key (its
+counts still weigh in the estimates). The end record is written by ``close``: a file without
+it (a crash, a copy cut short) is refused unless the caller accepts its complete chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from evdb._types import Int64Array
+from evdb.errors import CorruptDataError, InvalidArgumentError
+from evdb.kernels.hashing import mix64_np
+from evdb.sizing_kernels import sample_keys, sample_threshold
+
+if TYPE_CHECKING:
+    from evdb.config import TableConfig
+    from evdb.table import Table
+
+__all__ = [
+    "OPS",
+    "KeyRecorder",
+    "Trace",
+    "TraceHeader",
+    "config_digest",
+    "open_trace",
+    "read_key_log",
+    "read_trace",
+]
+
+OPS = ("pull", "lookup")  # op codes 0 and 1 in the file
+FORMAT = 1
+_MAGIC = b"EVDBTRC1"
+_CHUNK = b"CHNK"
+_END = b"END!"
+_CHUNK_HEAD = struct.Struct("<4sIQI")
+_END_BODY = struct.Struct("<QQQ")
+_U32 = struct.Struct("<I")
+_CHUNK_KEYS = 1 << 20  # kept keys buffered before a chunk is written (8 MiB)
+_CHUNK_BATCHES = 1 << 16
+
+
+def config_digest(config: Mapping[str, Any] | None) -> str:
+    """sha256 of a table configuration's canonical JSON (``TableConfig.to_dict()``)."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _salt(seed: int) -> int:
+    return int(np.uint64(seed) ^ np.uint64(0x9E3779B97F4A7C15))
+
+
+def _parse_rate(rate: Any) -> float:
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
+        raise InvalidArgumentError(f"rate must be a number in (0, 1], got {rate!r}")
+    return float(rate)
+
+
+def _parse_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise InvalidArgumentError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    return seed
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """What a trace says about itself."""
+
+    table: str
+    """The table it was recorded from ("" for a user's log)."""
+    config: dict[str, Any] | None
+    """That table's ``TableConfig.to_dict()``, or None when unknown."""
+    config_digest: str
+    """``config_digest(config)``: what ``read_trace(table=...)`` compares."""
+    rate: float
+    """The fraction of the key space kept, in (0, 1]."""
+    seed: int
+    """Salt of the key hash that chose them."""
+    source: str = "evdb"
+    """"evdb" (a ``KeyRecorder``), or the kind of user log it was read from."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "table": self.table,
+            "config": self.config,
+            "config_digest": self.config_digest,
+            "rate": self.rate,
+            "seed": self.seed,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A sampled key trace in memory: batches of kept keys with their operation and step.
+
+    ::
+
+        keys    [ 7 3 | 9 | 3 7 7 ]      (m,) int64, the kept keys, batch after batch
+        bounds  [0,    2,  3,     6]     (b + 1,) int64, batch i is keys[bounds[i]:bounds[i+1]]
+        ops     [pull, lookup, pull]     (b,) uint8, index into OPS
+        steps   [0,    0,      1]        (b,) int64, the database's step at the call
+        seen    [812,  40,     797]      (b,) int64, the batch's keys before sampling
+        counted [430,  40,     415]      (b,) int64, accesses the table counts (-1: unknown)
+    """
+
+    header: TraceHeader
+    keys: Int64Array
+    bounds: Int64Array
+    ops: np.ndarray
+    steps: Int64Array
+    seen: Int64Array
+    counted: Int64Array
+    complete: bool = True
+    """False when read with ``allow_incomplete`` from a file without its end record."""
+
+    def counted_total(self, op: str = "pull") -> int | None:
+        """Accesses the table counted in the ``op`` calls, sampled or not (what a sampled
+        miss count is divided by, as SHARDS-adj does); None if a call did not say."""
+        c = self.counted[self.ops == OPS.index(op)]
+        return None if (c < 0).any() else int(c.sum())
+
+    @property
+    def n_batches(self) -> int:
+        return int(self.ops.shape[0])
+
+    def batches(self) -> Iterator[tuple[str, int, Int64Array]]:
+        """(op, step, keys) of each batch, in order."""
+        b = self.bounds.tolist()
+        for i, (op, step) in enumerate(zip(self.ops.tolist(), self.steps.tolist(), strict=True)):
+            yield OPS[op], step, self.keys[b[i] : b[i + 1]]
+
+
+class KeyRecorder:
+    """Records the keys of a table's pulls and lookups, sampled by key hash, to a trace file.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The trace file; refused if it exists, unless ``overwrite``.
+    table : str
+        The table's name.
+    config : TableConfig or its ``to_dict()``, optional
+        The table's configuration, kept in the header (``evdb size`` simulates it).
+    rate : float
+        Fraction of the key space kept, in (0, 1]; 0.01 by default.
+    seed : int
+        Salt of the key hash (two recorders with one seed keep the same keys).
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, evdb
+    >>> from evdb.trace import KeyRecorder, read_trace
+    >>> d = tempfile.mkdtemp()
+    >>> with evdb.open(os.path.join(d, "db")) as db:
+    ...     t = db.create_table("item", dim=4)
+    ...     with KeyRecorder.for_table(t, os.path.join(d, "item.trace"), rate=1.0) as rec:
+    ...         keys = np.array([7, 3, 7], dtype=np.int64)
+    ...         rec.record("pull", keys, db.step)  # what Table.pull does with a recorder
+    ...         _ = t.pull(keys)
+    >>> tr = read_trace(os.path.join(d, "item.trace"), table=t)
+    >>> tr.keys.tolist(), tr.steps.tolist(), tr.seen.tolist(), tr.counted.tolist()
+    ([7, 3, 7], [0], [3], [-1])
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        table: str,
+        config: TableConfig | Mapping[str, Any] | None = None,
+        rate: float = 0.01,
+        seed: int = 0,
+        overwrite: bool = False,
+    ) -> None:
+        if not isinstance(table, str):
+            raise InvalidArgumentError(f"table must be a str, got {table!r}")
+        conf = None if config is None else dict(_config_dict(config))
+        self.header = TraceHeader(
+            table, conf, config_digest(conf), _parse_rate(rate), _parse_seed(seed)
+        )
+        self.path = Path(path)
+        self._salt = _salt(seed)
+        self._threshold = sample_threshold(self.header.rate)
+        self._all = self.header.rate == 1.0
+        self._lock = threading.Lock()
+        self._keys: list[Int64Array] = []
+        self._meta: list[tuple[int, int, int, int, int]] = []  # op, step, kept, seen, counted
+        self._buffered = 0
+        self.batches = self.kept = self.seen = 0
+        self._file = open(self.path, "wb" if overwrite else "xb")
+        head = json.dumps(self.header.to_dict(), sort_keys=True).encode()
+        self._file.write(_MAGIC + _U32.pack(len(head)) + head + _U32.pack(zlib.crc32(head)))
+
+    @classmethod
+    def for_table(
+        cls,
+        table: Table,
+        path: str | os.PathLike[str],
+        *,
+        rate: float = 0.01,
+        seed: int = 0,
+        overwrite: bool = False,
+    ) -> KeyRecorder:
+        """A recorder whose header names ``table`` and its configuration."""
+        return cls(
+            path, table=table.name, config=table.config, rate=rate, seed=seed, overwrite=overwrite
+        )
+
+    @property
+    def rate(self) -> float:
+        return self.header.rate
+
+    def record(self, op: str, keys: Int64Array, step: int, *, counted: int | None = None) -> None:
+        """Keep the sampled keys of one call: ``op`` "pull" or "lookup", ``keys`` (n,) int64
+        (as the table normalised them), ``step`` the database's step, ``counted`` the
+        accesses the table's hit and miss counters count for the call (``Table.pull``: its
+        distinct keys; a lookup counts every position, the default for "lookup"). Cheap: one
+        numba pass over the keys and a copy of the kept ones (about ``rate`` of them)."""
+        code = _op_code(op)
+        if self._file.closed:
+            raise InvalidArgumentError(f"the recorder of {str(self.path)!r} is closed")
+        k = np.asarray(keys)
+        if k.dtype != np.int64 or k.ndim != 1:
+            raise InvalidArgumentError(f"keys must be a 1-d int64 array, got {k.dtype} {k.shape}")
+        if counted is None:
+            counted = k.shape[0] if code == 1 else -1
+        kept = k.copy() if self._all else sample_keys(k, self._salt, self._threshold)
+        with self._lock:
+            self.batches += 1
+            self.seen += k.shape[0]
+            self._keys.append(kept)
+            self._meta.append((code, int(step), kept.shape[0], k.shape[0], int(counted)))
+            self._buffered += kept.shape[0]
+            if self._buffered >= _CHUNK_KEYS or len(self._meta) >= _CHUNK_BATCHES:
+                self._write_chunk()
+
+    def _write_chunk(self) -> None:
+        if not self._meta:
+            return
+        meta = np.array(self._meta, dtype="<i8").reshape(-1, 5)
+        keys = np.concatenate(self._keys).astype("<i8", copy=False)
+        payload = b"".join(
+            (
+                meta[:, 0].astype(np.uint8).tobytes(),
+                meta[:, 1].tobytes(),
+                meta[:, 2].tobytes(),
+                meta[:, 3].tobytes(),
+                meta[:, 4].tobytes(),
+                keys.tobytes(),
+            )
+        )
+        head = _CHUNK_HEAD.pack(_CHUNK, meta.shape[0], keys.shape[0], zlib.crc32(payload))
+        self._file.write(head + payload)
+        self.kept += keys.shape[0]
+        self._keys, self._meta, self._buffered = [], [], 0
+
+    def flush(self) -> None:
+        """Write the buffered batches as a chunk (a reader with ``allow_incomplete`` sees
+        them)."""
+        with self._lock:
+            if not self._file.closed:
+                self._write_chunk()
+                self._file.flush()
+
+    def close(self) -> None:
+        """Write what is buffered and the end record; the file is then complete."""
+        with self._lock:
+            if self._file.closed:
+                return
+            self._write_chunk()
+            body = _END_BODY.pack(self.batches, self.kept, self.seen)
+            self._file.write(_END + body + _U32.pack(zlib.crc32(body)))
+            self._file.close()
+
+    def __enter__(self) -> KeyRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"KeyRecorder({str(self.path)!r}, table={self.header.table!r}, rate={self.rate})"
+
+
+def _config_dict(config: Any) -> Mapping[str, Any]:
+    if isinstance(config, Mapping):
+        return config
+    to_dict = getattr(config, "to_dict", None)
+    if to_dict is None:
+        raise InvalidArgumentError(f"config must be a TableConfig or a dict, got {config!r}")
+    return to_dict()  # type: ignore[no-any-return]
+
+
+def _op_code(op: str) -> int:
+    try:
+        return OPS.index(op)
+    except ValueError:
+        raise InvalidArgumentError(f"op must be one of {OPS}, got {op!r}") from None
+
+
+# -- reading ----------------------------------------------------------------------------
+class _Reader:
+    """Reads a trace file front to back, naming the byte offset of anything wrong."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = path.read_bytes()
+        self.pos = 0
+
+    def take(self, n: int, what: str) -> bytes:
+        if self.pos + n > len(self.data):
+            raise CorruptDataError(
+                f"trace {str(self.path)!r} is truncated: {what} at byte {self.pos} needs "
+                f"{n} bytes, {len(self.data) - self.pos} are left"
+            )
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def bad(self, what: str) -> CorruptDataError:
+        return CorruptDataError(f"trace {str(self.path)!r}: {what} (at byte {self.pos})")
+
+
+def read_trace(
+    path: str | os.PathLike[str],
+    *,
+    table: Table | str | None = None,
+    allow_incomplete: bool = False,
+) -> Trace:
+    """Read a trace file a ``KeyRecorder`` wrote.
+
+    Parameters
+    ----------
+    table : Table or str, optional
+        Refuse (``InvalidArgumentError``) a trace recorded from another table: by name, and
+        for a ``Table`` also by the digest of its configuration.
+    allow_incomplete : bool
+        Accept a file without its end record (the recorder was not closed), reading its
+        complete chunks; a chunk cut short is still refused.
+
+    Raises
+    ------
+    CorruptDataError
+        Not a trace, truncated, or a checksum that does not match.
+    """
+    r = _Reader(Path(path))
+    if r.take(len(_MAGIC), "the magic") != _MAGIC:
+        raise r.bad("not an evdb key trace (bad magic)")
+    (n,) = _U32.unpack(r.take(4, "the header length"))
+    head = r.take(n, "the header")
+    (crc,) = _U32.unpack(r.take(4, "the header checksum"))
+    if zlib.crc32(head) != crc:
+        raise r.bad("the header's checksum does not match")
+    meta = json.loads(head)
+    if meta.get("format") != FORMAT:
+        raise r.bad(f"format {meta.get('format')!r}, this evdb reads {FORMAT}")
+    header = TraceHeader(
+        meta["table"], meta["config"], meta["config_digest"], meta["rate"], meta["seed"]
+    )
+    _check_table(header, table, r.path)
+    parts: list[tuple[np.ndarray, ...]] = []
+    complete = False
+    while r.pos < len(r.data):
+        tag = r.data[r.pos : r.pos + 4]
+        if tag == _END:
+            r.take(4, "the end record")
+            body = r.take(_END_BODY.size, "the end record")
+            (crc,) = _U32.unpack(r.take(4, "the end record's checksum"))
+            if zlib.crc32(body) != crc:
+                raise r.bad("the end record's checksum does not match")
+            complete = True
+            if r.pos != len(r.data):
+                raise r.bad("bytes after the end record")
+            break
+        _, b, m, crc = _CHUNK_HEAD.unpack(r.take(_CHUNK_HEAD.size, "a chunk header"))
+        if tag != _CHUNK:
+            raise r.bad(f"a chunk header expected, found {tag!r}")
+        payload = r.take(b * 33 + m * 8, f"a chunk of {b} batches and {m} keys")
+        if zlib.crc32(payload) != crc:
+            raise r.bad("a chunk's checksum does not match")
+        cols = np.frombuffer(payload, dtype="<i8", count=4 * b + m, offset=b)
+        parts.append(
+            (
+                np.frombuffer(payload, dtype=np.uint8, count=b),
+                *np.split(cols, [b, 2 * b, 3 * b, 4 * b]),
+            )
+        )
+    trace = _assemble(header, parts, complete)
+    if not complete:
+        if not allow_incomplete:
+            raise CorruptDataError(
+                f"trace {str(r.path)!r} is truncated: it has no end record (the recorder was "
+                f"not closed, or the file was cut after {trace.n_batches} batches); pass "
+                "allow_incomplete=True to read its complete chunks"
+            )
+    else:
+        calls, kept, seen = _END_BODY.unpack(body)
+        if (calls, kept, seen) != (trace.n_batches, trace.keys.shape[0], int(trace.seen.sum())):
+            raise r.bad(
+                f"the end record counts {calls} calls, {kept} keys kept of {seen}; the chunks "
+                f"hold {trace.n_batches}, {trace.keys.shape[0]} of {int(trace.seen.sum())}"
+            )
+    return trace
+
+
+def _check_table(header: TraceHeader, table: Table | str | None, path: Path) -> None:
+    if table is None:
+        return
+    name = table if isinstance(table, str) else table.name
+    if header.table != name:
+        raise InvalidArgumentError(
+            f"trace {str(path)!r} was recorded from table {header.table!r}, not {name!r}"
+        )
+    if not isinstance(table, str):
+        digest = config_digest(table.config.to_dict())
+        if digest != header.config_digest:
+            raise InvalidArgumentError(
+                f"trace {str(path)!r} was recorded from another table called {name!r}: its "
+                f"configuration digest is {header.config_digest[:12]}, this table's {digest[:12]}"
+            )
+
+
+def _assemble(header: TraceHeader, parts: list[tuple[np.ndarray, ...]], complete: bool) -> Trace:
+    def cat(i: int, dtype: Any) -> np.ndarray:
+        if not parts:
+            return np.zeros(0, dtype=dtype)
+        return np.concatenate([p[i] for p in parts]).astype(dtype)
+
+    ops = cat(0, np.uint8)
+    if ops.size and int(ops.max()) >= len(OPS):
+        raise CorruptDataError(f"trace of table {header.table!r}: op code {int(ops.max())}")
+    lengths = cat(2, np.int64)
+    bounds = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    steps, seen, counted, keys = (cat(i, np.int64) for i in (1, 3, 4, 5))
+    return Trace(header, keys, bounds, ops, steps, seen, counted, complete)
+
+
+def read_key_log(
+    path: str | os.PathLike[str],
+    *,
+    column: str = "key",
+    step_column: str | None = "step",
+    rate: float = 1.0,
+    seed: int = 0,
+    batch_keys: int = 4096,
+    op: str = "pull",
+) -> Trace:
+    """A trace from a user's own log of keys: an ``.npy`` of keys, an ``.npz`` or a
+    ``.parquet`` file (pyarrow) with a ``column`` of int keys and optionally a
+    ``step_column`` of non-decreasing steps (one batch per step). Without steps, every
+    ``batch_keys`` keys are one batch at the next step. Keys are sampled at ``rate`` as a
+    ``KeyRecorder`` would."""
+    p = Path(path)
+    keys, steps = _load_log(p, column, step_column)
+    if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
+        raise InvalidArgumentError(f"{column!r} in {str(p)!r} must be 1-d ints, got {keys.dtype}")
+    keys = keys.astype(np.int64, copy=False)
+    if isinstance(batch_keys, bool) or not isinstance(batch_keys, int) or batch_keys < 1:
+        raise InvalidArgumentError(f"batch_keys must be an int >= 1, got {batch_keys!r}")
+    if steps is None:
+        steps = np.arange(keys.shape[0], dtype=np.int64) // batch_keys
+    else:
+        steps = np.asarray(steps).astype(np.int64, copy=False)
+        if steps.shape != keys.shape:
+            raise InvalidArgumentError(f"{step_column!r} and {column!r} differ in length")
+        if steps.size and (np.diff(steps) < 0).any():
+            first = int(np.flatnonzero(np.diff(steps) < 0)[0]) + 1
+            raise InvalidArgumentError(
+                f"{step_column!r} in {str(p)!r} must not decrease: row {first} has step "
+                f"{int(steps[first])} after {int(steps[first - 1])} (sort the log by step)"
+            )
+    header = TraceHeader(
+        "",
+        None,
+        config_digest(None),
+        _parse_rate(rate),
+        _parse_seed(seed),
+        p.suffix.lstrip(".") or "log",
+    )
+    starts = np.flatnonzero(np.diff(steps, prepend=steps[:1] - 1) != 0) if steps.size else steps
+    seen = np.diff(np.append(starts, keys.shape[0]))
+    batch_of = np.repeat(np.arange(starts.shape[0]), seen)
+    code = _op_code(op)
+    # what the table would count: a pull's distinct keys per batch, a lookup's positions
+    counted = seen if code == 1 else _distinct_per_batch(keys, batch_of, starts.shape[0])
+    if rate < 1.0:
+        mask = _sample_mask(keys, seed, rate)
+        kept_per = np.bincount(batch_of[mask], minlength=starts.shape[0])
+        keys = keys[mask]
+    else:
+        kept_per = seen
+    bounds = np.zeros(kept_per.shape[0] + 1, dtype=np.int64)
+    np.cumsum(kept_per, out=bounds[1:])
+    ops = np.full(kept_per.shape[0], code, dtype=np.uint8)
+    return Trace(header, keys, bounds, ops, steps[starts], seen, counted.astype(np.int64))
+
+
+def _distinct_per_batch(keys: Int64Array, batch_of: Int64Array, n_batches: int) -> Int64Array:
+    """Distinct keys of each batch, (n_batches,) int64: one sort of (batch, key) pairs."""
+    if keys.size == 0:
+        return np.zeros(n_batches, dtype=np.int64)
+    order = np.lexsort((keys, batch_of))
+    k, b = keys[order], batch_of[order]
+    first = np.ones(k.shape[0], dtype=bool)
+    first[1:] = (k[1:] != k[:-1]) | (b[1:] != b[:-1])
+    return np.bincount(b[first], minlength=n_batches).astype(np.int64)
+
+
+def _sample_mask(keys: Int64Array, seed: int, rate: float) -> np.ndarray:
+    """Which keys ``sample_keys`` keeps (the same hash, as a mask: a log needs its batches)."""
+    h = mix64_np(keys.view(np.uint64) ^ np.uint64(_salt(seed)))
+    return (h >> np.uint64(11)) < np.uint64(sample_threshold(rate))
+
+
+def _load_log(
+    p: Path, column: str, step_column: str | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    if not p.exists():
+        raise FileNotFoundError(f"no key log at {str(p)!r}")
+    suffix = p.suffix.lower()
+    if suffix == ".npy":
+        return np.load(p, allow_pickle=False), None
+    if suffix == ".npz":
+        with np.load(p, allow_pickle=False) as z:
+            if column not in z.files:
+                raise InvalidArgumentError(f"{str(p)!r} has no array {column!r} (it has {z.files})")
+            steps = z[step_column] if step_column and step_column in z.files else None
+            return z[column], steps
+    if suffix in (".parquet", ".pq"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise InvalidArgumentError(
+                "reading a parquet key log needs pyarrow: pip install 'evdb[parquet]'"
+            ) from None
+        names = pq.read_schema(p).names
+        if column not in names:
+            raise InvalidArgumentError(f"{str(p)!r} has no column {column!r} (it has {names})")
+        wanted = [column] + ([step_column] if step_column and step_column in names else [])
+        t = pq.read_table(p, columns=wanted)
+        keys = t.column(column).to_numpy()
+        steps = t.column(step_column).to_numpy() if len(wanted) == 2 else None
+        return keys, steps
+    raise InvalidArgumentError(
+        f"{str(p)!r}: a key log is an .npy, .npz or .parquet file (or an evdb trace)"
+    )
+
+
+def open_trace(
+    path: str | os.PathLike[str], *, allow_incomplete: bool = False, **log_options: Any
+) -> Trace:
+    """An evdb trace file (by its magic bytes), or else a user's key log (``read_key_log``
+    with ``log_options``)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no trace at {str(p)!r}")
+    with open(p, "rb") as f:
+        magic = f.read(len(_MAGIC))
+    if magic == _MAGIC:
+        return read_trace(p, allow_incomplete=allow_incomplete)
+    return read_key_log(p, **log_options)
