@@ -15,21 +15,20 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
     | {"evdb.distributed"}  # sharding: a layer above Database and Table (DESIGN)
+    | {"evdb.sizing"}  # tier sizing: it replays a trace through real tables
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
-    {"evdb", "evdb.database", "evdb.checkpoint"}  # "evdb" is the facade, for callers only
-    | {"evdb.publish"},  # Database.publish's body, beside the checkpoint code it builds on
+    {"evdb", "evdb.database", "evdb.storage", "evdb.checkpoint", "evdb.checkpoint_restore"}
+    | {"evdb.manifest", "evdb.publish", "evdb.publish_root"}  # the facade, its files on disk
+    | {"evdb.view", "evdb.view_overlay", "evdb.view_sample"},  # a publication's tables, read
     {"evdb.table"},  # Table: the writes, over its read half
     {"evdb.table_reads", "evdb.pulled", "evdb.strings", "evdb.table_meta"}
     | {"evdb.neighbors", "evdb.sampling"},  # Table.neighbors' body; the dashboard's row sample
-    {"evdb.dedup"},
+    {"evdb.dedup", "evdb.trace", "evdb.sizing_kernels"},  # a table's scratch and key trace
     {"evdb.tiers"},
     {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"}
     | {"evdb.changelog"},
     {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records", "evdb.io"}
-    | {
-        "evdb.locking",
-        "evdb.ttl",
-    },  # the database's readers-writer lock, taken by Database and Table
+    | {"evdb.locking", "evdb.ttl"},  # the lock Database and Table take; the TTL verdict
     {"evdb.kernels"},
     {"evdb.errors", "evdb._types"},
 ]
