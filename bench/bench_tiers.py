@@ -232,12 +232,6 @@ def prepare_os_cache(state: str, path: Path) -> None:
     (cache_files if state == "cached" else drop_files)(path)
 
 
-def rocks_tier(t: evdb.Table) -> rocks.RocksTier:
-    backing = t._chain.backing
-    assert isinstance(backing, rocks.RocksTier)
-    return backing
-
-
 def raw_store(path: Path, mmap_reads: bool) -> rocksdict.Rdict:
     """A bare rocksdict database with evdb's options (and its own 32 MiB block cache)."""
     cache = rocksdict.Cache(rocks_store.BLOCK_CACHE_BYTES)
@@ -289,9 +283,8 @@ def bench_cold(args: argparse.Namespace, report: Report) -> None:
             build["evdb flush"] = timed(db.flush)
             if len(t) != n:  # 2^-64 odds per pair, but a duplicate would skew the figures
                 raise SystemExit(f"random keys collided: {len(t)} rows for {n}; rerun --seed")
-            tier = rocks_tier(t)
-            build["evdb compact"] = timed(lambda: tier.cf.compact_range(None, None))
-            on_disk = np.flatnonzero(t._dram.locate(keys) < 0)  # rows in SST files only
+            build["evdb compact"] = timed(lambda: db.storage.compact_tables({TABLE}))
+            on_disk = np.flatnonzero(~t.resident(keys))  # rows in SST files only
             if on_disk.shape[0] < batch:
                 raise SystemExit(f"only {on_disk.shape[0]} rows are on disk only; raise --rows")
             log(f"  evdb: {fmt_count(n)} rows, {fmt_count(on_disk.shape[0])} on disk only")
@@ -501,7 +494,7 @@ def bench_flush(args: argparse.Namespace, report: Report) -> None:
                 dirty = t.stats()["tiers"]["dram"]["dirty_rows"]
                 if dirty != n:
                     raise SystemExit(f"{dirty} dirty rows in DRAM, expected {n}")
-                store = db._store
+                store = db.storage.store
                 checkpoint = store.checkpoint
                 spent = []
 
@@ -514,7 +507,7 @@ def bench_flush(args: argparse.Namespace, report: Report) -> None:
                 os.sync()
                 evdb_s = timed(db.flush)
                 store.checkpoint = checkpoint  # type: ignore[method-assign]
-                if rocks_tier(t).stats()["rows"] != n:
+                if t.stats()["tiers"]["rocksdb"]["rows"] != n:
                     raise SystemExit("the flush did not write every row")
                 db.drop_table(TABLE)
             finally:
@@ -565,7 +558,7 @@ def bench_compress(args: argparse.Namespace, report: Report) -> None:
             )  # reopened: the rows are on disk only, DRAM is empty
             try:
                 t = db.table(TABLE)
-                compact_s = timed(lambda t=t: rocks_tier(t).cf.compact_range(None, None))
+                compact_s = timed(lambda db=db: db.storage.compact_tables({TABLE}))
                 working = path / WORKING
                 times = []
                 for i in range(args.repeat + 1):

@@ -109,7 +109,7 @@ def slot_of_rows(index: np.ndarray, n_rows: int) -> np.ndarray:
 def measure(n_rows: int, batches: list[int], repeat: int, dim: int) -> list[list[str]]:
     rng = np.random.default_rng(0)
     db, t, keys = adagrad_table_in_dram("evdb-limits-", n_rows, dim, rng)
-    dram = t._dram  # the benchmark reads the table's own arrays: the same pages as evdb's
+    dram = t._top  # a profile of the floor reads the top tier's own arrays: evdb's pages
     if dram.index._next is not None:  # the index is moving its keys into a larger table
         raise SystemExit("the table's index is growing; rerun with another --rows")
     index, values = dram.index.slots, dram.values

@@ -38,16 +38,18 @@ class Deduper:
                 cap *= 2
             self.scratch = np.full((cap, 2), -1, dtype=np.int64)
 
-    def unique(self, keys: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+    def unique(
+        self, keys: Int64Array, *, keep: bool = False
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
         """For the bulk calls (upsert, delete): the index drops back to 16 KiB afterwards, so
-        a bulk load leaves no memory behind."""
+        a bulk load leaves no memory behind; ``keep``: a small pull's, kept for the next."""
         n = keys.shape[0]
         uniq = np.empty(n, dtype=np.int64)
         inverse = np.empty(n, dtype=np.int64)
         counts = np.zeros(n, dtype=np.int64)
         self._fit(n)
         u = cpu.unique_inverse(keys, self.scratch, uniq, inverse, counts)
-        if self.scratch.shape[0] > _SMALL_SCRATCH:
+        if not keep and self.scratch.shape[0] > _SMALL_SCRATCH:
             self.scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
         return uniq[:u], inverse, counts[:u]
 

@@ -8,12 +8,13 @@ miss, Knuth's formulas), and the index costs 16 bytes / load = 23 to 46 bytes pe
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 
 from evdb._types import Int64Array
 from evdb.kernels import backend
-
-cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
 MAX_LOAD = 0.7
 MOVE_SLOTS = 1 << 16  # old slots moved per call while growing (about 45k keys: a few ms)
@@ -21,8 +22,8 @@ PREPARE_LOAD = 0.5  # past this load the next table's empty slots are written, a
 _MIN_SLOTS = 1024
 
 
-def _empty_slots(cap: int) -> Int64Array:
-    slots = np.empty((cap, 2), dtype=np.int64)
+def _empty_slots(cap: int, xp: Any = np) -> Int64Array:
+    slots: Int64Array = xp.empty((cap, 2), dtype=np.int64)
     slots[:, 1] = -1
     return slots
 
@@ -49,10 +50,18 @@ class HashIndex:
     marks about 10 m slots of the next table, which is ready by the time the load reaches
     ``MAX_LOAD``. An index sized up front (``expected_keys``: a table's capacity or
     ``initial_rows``) prepares none until it holds more keys than that.
+
+    ``xp`` and ``kernels`` are the array module and kernel backend the slots live with (numpy
+    and the cpu kernels by default; a device tier passes its own): keys and rows in and out
+    are arrays of that module.
     """
 
-    def __init__(self, expected_keys: int = 0) -> None:
-        self._table: Int64Array = _empty_slots(_slots_for(expected_keys))
+    def __init__(
+        self, expected_keys: int = 0, *, xp: Any = np, kernels: ModuleType | None = None
+    ) -> None:
+        self._xp = xp
+        self._kernels = backend("cpu") if kernels is None else kernels
+        self._table: Int64Array = _empty_slots(_slots_for(expected_keys), xp)
         self._expected = expected_keys  # sized for these up front: no next table below them
         self._old: Int64Array | None = None  # the table being moved out of, while growing
         self._moved = 0  # old slots moved so far
@@ -80,14 +89,14 @@ class HashIndex:
     def find(self, keys: Int64Array, out: Int64Array | None = None) -> Int64Array:
         """Rows of keys (n,), -1 where absent."""
         if out is None:
-            out = np.empty(keys.shape[0], dtype=np.int64)
-        keys = np.ascontiguousarray(keys)
-        cpu.hash_find(self._table, keys, out)
+            out = self._xp.empty(keys.shape[0], dtype=np.int64)
+        keys = self._xp.ascontiguousarray(keys)
+        self._kernels.hash_find(self._table, keys, out)
         if self._old is not None:
-            miss = np.flatnonzero(out < 0)
+            miss = self._xp.flatnonzero(out < 0)
             if miss.size:
-                found = np.empty(miss.shape[0], dtype=np.int64)
-                cpu.hash_find(self._old, np.ascontiguousarray(keys[miss]), found)
+                found = self._xp.empty(miss.shape[0], dtype=np.int64)
+                self._kernels.hash_find(self._old, self._xp.ascontiguousarray(keys[miss]), found)
                 out[miss] = found
             self._move()
         return out
@@ -95,7 +104,9 @@ class HashIndex:
     def insert(self, keys: Int64Array, rows: Int64Array) -> None:
         """Add keys that are not in the index yet (the caller deduplicates)."""
         self.reserve(self.size + keys.shape[0])
-        cpu.hash_insert(self._table, np.ascontiguousarray(keys), np.ascontiguousarray(rows))
+        self._kernels.hash_insert(
+            self._table, self._xp.ascontiguousarray(keys), self._xp.ascontiguousarray(rows)
+        )
         self.size += int(keys.shape[0])
         if self._old is not None:
             self._move()
@@ -109,9 +120,9 @@ class HashIndex:
         cursor. A table that grows does not evict (it is under capacity), so moves still
         spread over the calls that grow it."""
         self._finish_move()
-        out = np.empty(keys.shape[0], dtype=np.int64)
-        cpu.hash_remove(self._table, np.ascontiguousarray(keys), out)
-        self.size -= int(np.count_nonzero(out >= 0))
+        out: Int64Array = self._xp.empty(keys.shape[0], dtype=np.int64)
+        self._kernels.hash_remove(self._table, self._xp.ascontiguousarray(keys), out)
+        self.size -= int(self._xp.count_nonzero(out >= 0))
         return out
 
     def reserve(self, n_keys: int) -> None:
@@ -126,7 +137,7 @@ class HashIndex:
             self._prepare(cap)  # the rest of it
             self._table, self._next = self._next, None
         else:
-            self._table, self._next = _empty_slots(cap), None
+            self._table, self._next = _empty_slots(cap, self._xp), None
         if self.size <= MOVE_SLOTS:  # small: at once (nothing to spread)
             self._finish_move()
 
@@ -142,12 +153,14 @@ class HashIndex:
         chunk = old[self._moved : stop]
         used = chunk[chunk[:, 1] >= 0]
         if used.shape[0]:
-            keys = np.ascontiguousarray(used[:, 0])
-            have = np.empty(keys.shape[0], dtype=np.int64)
-            cpu.hash_find(self._table, keys, have)
+            keys = self._xp.ascontiguousarray(used[:, 0])
+            have = self._xp.empty(keys.shape[0], dtype=np.int64)
+            self._kernels.hash_find(self._table, keys, have)
             new = have < 0  # a key inserted anew since the move began keeps its new row
-            cpu.hash_insert(
-                self._table, np.ascontiguousarray(keys[new]), np.ascontiguousarray(used[new, 1])
+            self._kernels.hash_insert(
+                self._table,
+                self._xp.ascontiguousarray(keys[new]),
+                self._xp.ascontiguousarray(used[new, 1]),
             )
         self._moved = stop
         if stop == old.shape[0]:
@@ -156,7 +169,7 @@ class HashIndex:
     def _prepare(self, n_slots: int) -> None:
         """Mark the next n_slots slots of the next table (twice this one) empty."""
         if self._next is None:
-            self._next, self._prepared = np.empty((2 * self._table.shape[0], 2), np.int64), 0
+            self._next, self._prepared = self._xp.empty((2 * self._table.shape[0], 2), np.int64), 0
         stop = min(self._next.shape[0], self._prepared + max(n_slots, 1))
         self._next[self._prepared : stop, 1] = -1
         self._prepared = stop

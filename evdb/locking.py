@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
-from evdb.errors import EvdbError
+from evdb.errors import ConcurrentModificationError, EvdbError
 
-__all__ = ["RWLock", "exclusive", "reading", "shared"]
+__all__ = ["RWLock", "exclusive", "locked_chunks", "reading", "shared"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -204,3 +205,60 @@ def reading(method: Callable[Concatenate[T, P], R]) -> Callable[Concatenate[T, P
             lock.release_exclusive()
 
     return locked
+
+
+@contextmanager
+def _reading_hold(reader: _Reader) -> Iterator[None]:
+    """The lock, as ``reading`` takes it, around one chunk of a scan."""
+    lock = reader._rwlock
+    nested = lock.acquire_shared()
+    alone = False
+    try:
+        if not nested and reader._reads_mutate():
+            lock.release_shared()
+            lock.acquire_exclusive()
+            alone = True
+        yield
+    finally:
+        if alone:
+            lock.release_exclusive()
+        else:
+            lock.release_shared()
+
+
+C = TypeVar("C")
+
+
+def locked_chunks(
+    reader: _Reader,
+    chunks: Iterator[C],
+    check_open: Callable[[], None],
+    *,
+    strict: bool,
+    what: str,
+) -> Iterator[C]:
+    """The chunks of a scan, each one read holding the reader's lock (as ``reading`` takes
+    it), never across a ``yield``: a generator left unfinished would keep writers out for good.
+
+    A write between two chunks (``RWLock.writes`` moved: rows may have moved between tiers)
+    could make the scan miss or repeat rows: with ``strict`` the next chunk raises
+    ``ConcurrentModificationError`` naming ``what``; without, the scan goes on (a sample, a
+    dashboard). A scan inside its caller's exclusive hold (checkpoint, publish) sees only its
+    own writes."""
+    lock = reader._rwlock
+    own = lock.held_exclusive()
+    writes = lock.writes
+    while True:
+        with _reading_hold(reader):
+            check_open()  # a closed store cannot be read
+            if strict and not own and lock.writes != writes:
+                raise ConcurrentModificationError(
+                    f"{what} changed while it was being scanned (a write to the database came "
+                    "between two chunks of items()); iterate again, or hold the writes until "
+                    "the scan ends"
+                )
+            chunk = next(chunks, None)
+            writes = lock.writes
+        if chunk is None:
+            return
+        yield chunk

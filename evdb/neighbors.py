@@ -33,7 +33,7 @@ from evdb.errors import InvalidArgumentError
 from evdb.keys import normalize_keys
 
 if TYPE_CHECKING:
-    from evdb.table import Table
+    from evdb.table_reads import TableReads as Table
 
 __all__ = [
     "METRICS",
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 METRICS = ("cosine", "dot", "l2")
+
 
 def _check_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:

@@ -102,13 +102,13 @@ class _PullCombine(torch.autograd.Function):
         bags = parse_bags(keys.shape[0], offsets, w, mode, max_norm)
         pulled = table.pull(keys)
         ctx.state = (table, pulled, bags, offsets, max_norm, sync)
-        return torch.from_numpy(pulled._combine(bags))
+        return torch.from_numpy(pulled.combine_bags(bags))
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         table, pulled, bags, offsets, max_norm, sync = ctx.state
         g = grad_out.detach().to(torch.float32).contiguous().cpu().numpy()
-        grads = pulled._combine_backward(g, bags)
+        grads = pulled.combine_backward_bags(g, bags)
         sync(table)
         table.push(pulled, grads)
         grad_w = None
@@ -171,7 +171,7 @@ class _GroupPullCombine(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         pulled = coll.pull({name: keys for name, (keys, _, _) in batch.items()})
         ctx.state = (coll, pulled, batch, sync)
-        return tuple(torch.from_numpy(pulled[n]._combine(b)) for n, (_, _, b) in batch.items())
+        return tuple(torch.from_numpy(pulled[n].combine_bags(b)) for n, (_, _, b) in batch.items())
 
     @staticmethod
     def backward(ctx: Any, *grad_outs: torch.Tensor) -> tuple[Any, ...]:
@@ -180,7 +180,7 @@ class _GroupPullCombine(torch.autograd.Function):
         grad_ws: list[torch.Tensor | None] = []
         for i, (name, (_, offsets, bags)) in enumerate(batch.items()):
             g = grad_outs[i].detach().to(torch.float32).contiguous().cpu().numpy()
-            grads[name] = pulled[name]._combine_backward(g, bags)
+            grads[name] = pulled[name].combine_backward_bags(g, bags)
             grad_w = None
             if ctx.needs_input_grad[4 + i]:
                 grad_w = torch.from_numpy(_weight_grad(pulled[name], g, offsets, bags.max_norm))

@@ -12,7 +12,6 @@ import pytest
 import evdb
 from evdb.config import HbmConfig, TableConfig
 from evdb.io.export import export
-from evdb.tiers.chain import ChainTier
 
 DIM = 4
 HBM, DRAM = 8, 24
@@ -23,10 +22,9 @@ def make(db: evdb.Database, name: str = "t", **kw) -> evdb.Table:
     return db.create_table(name, dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.1), **opts)
 
 
-def dram_of(t: evdb.Table) -> ChainTier:
-    below = t._chain.backing
-    assert isinstance(below, ChainTier)
-    return below
+def rows_in(t: evdb.Table, level: str) -> int:
+    """Rows the level ("hbm", "dram") holds, as stats() reports it."""
+    return int(t.stats()["tiers"][level]["rows"])
 
 
 def snapshot(t: evdb.Table) -> dict[int, np.ndarray]:
@@ -125,20 +123,21 @@ def test_a_batch_bigger_than_hbm_over_commits_it_until_the_push(db: evdb.Databas
         p = table.pull(keys)
         assert p.admitted.all()
         if table is t:
-            assert len(t._dram) == 50  # pinned: the batch in flight is never evicted
+            assert rows_in(t, "hbm") == 50  # pinned: the batch in flight is never evicted
         table.push(p, np.ones((50, DIM), np.float32))
-    assert len(t._dram) <= HBM and len(dram_of(t).chain.cache) <= DRAM and len(t) == 50
+    assert rows_in(t, "hbm") <= HBM and rows_in(t, "dram") <= DRAM and len(t) == 50
     p = t.pull(keys)  # the whole batch comes back up from DRAM and disk
-    assert len(t._dram) == 50 and p.admitted.all()
+    assert rows_in(t, "hbm") == 50 and p.admitted.all()
     np.testing.assert_array_equal(p.rows, flat.pull(keys).rows)
 
 
 def test_delete_contains_and_len_across_levels(db: evdb.Database) -> None:
     t = make(db)
     t.upsert(np.arange(100), np.ones((100, DIM), np.float32))
-    on_top = t._dram.row_keys[t._dram.live_rows()][:2]
-    in_dram = dram_of(t).chain.cache.row_keys[dram_of(t).chain.cache.live_rows()][:2]
-    on_disk = np.setdiff1d(np.arange(100), np.concatenate([on_top, in_dram]))[:2]
+    keys = np.arange(100)
+    top, dram = t.resident(keys), t.resident(keys, tier="dram")
+    on_top, in_dram, on_disk = keys[top][:2], keys[dram & ~top][:2], keys[~top & ~dram][:2]
+    assert on_top.size == in_dram.size == on_disk.size == 2
     gone = np.concatenate([on_top, in_dram, on_disk, [10**6]])
     assert t.delete(gone) == 6
     assert not t.contains(gone).any() and len(t) == 94
@@ -160,7 +159,7 @@ def test_flush_and_reopen_keep_every_row(tmp_path: Path) -> None:
     with evdb.open(tmp_path / "db") as db:
         t, flat = db.table("t"), db.table("flat")
         assert t.config.hbm == HbmConfig(capacity_rows=HBM, device="cpu")
-        assert len(t._dram) == 0  # the HBM tier starts empty; rows come up as they are read
+        assert rows_in(t, "hbm") == 0  # the HBM tier starts empty; rows come up as they are read
         assert snapshot(t).keys() == before.keys()
         assert_same_tables(t, flat)
         train(db, [t, flat], steps=10, seed=4)  # and training goes on the same
@@ -193,10 +192,10 @@ def test_hbm_over_dram_without_a_disk_reloads_every_row_into_dram(tmp_path: Path
     with evdb.open(tmp_path / "db") as db:
         t = make(db, dram_rows=None, disk=False)
         t.upsert(np.arange(60), np.ones((60, DIM), np.float32))
-        assert len(t._dram) <= HBM and len(dram_of(t).chain.cache) == 60 - len(t._dram)
+        assert rows_in(t, "hbm") <= HBM and rows_in(t, "dram") == 60 - rows_in(t, "hbm")
     with evdb.open(tmp_path / "db") as db:
         t = db.table("t")
-        assert len(dram_of(t).chain.cache) == 60 and len(t) == 60
+        assert rows_in(t, "dram") == 60 and len(t) == 60
 
 
 def test_a_cuda_device_without_a_gpu_path_is_refused_and_nothing_is_created(

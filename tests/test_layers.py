@@ -15,21 +15,20 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
     | {"evdb.distributed"}  # sharding: a layer above Database and Table (DESIGN)
+    | {"evdb.sizing"}  # tier sizing: it replays a trace through real tables
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
-    {"evdb", "evdb.database", "evdb.checkpoint"}  # "evdb" is the facade, for callers only
-    | {"evdb.publish"},  # Database.publish's body, beside the checkpoint code it builds on
-    {"evdb.table", "evdb.pulled", "evdb.strings"}  # Table, and the modules of its method bodies
-    | {"evdb.reads", "evdb.writes", "evdb.maintenance", "evdb.table_meta"}
+    {"evdb", "evdb.database", "evdb.storage", "evdb.checkpoint", "evdb.checkpoint_restore"}
+    | {"evdb.manifest", "evdb.publish", "evdb.publish_root"}  # the facade, its files on disk
+    | {"evdb.view", "evdb.view_overlay", "evdb.view_sample"},  # a publication's tables, read
+    {"evdb.table"},  # Table: the writes, over its read half
+    {"evdb.table_reads", "evdb.pulled", "evdb.strings", "evdb.table_meta"}
     | {"evdb.neighbors", "evdb.sampling"},  # Table.neighbors' body; the dashboard's row sample
-    {"evdb.dedup"},
+    {"evdb.dedup", "evdb.trace", "evdb.sizing_kernels"},  # a table's scratch and key trace
     {"evdb.tiers"},
     {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"}
     | {"evdb.changelog"},
     {"evdb.initializers", "evdb.optim", "evdb.keys", "evdb.records", "evdb.io"}
-    | {
-        "evdb.locking",
-        "evdb.ttl",
-    },  # the database's readers-writer lock, taken by Database and Table
+    | {"evdb.locking", "evdb.ttl"},  # the lock Database and Table take; the TTL verdict
     {"evdb.kernels"},
     {"evdb.errors", "evdb._types"},
 ]
@@ -90,3 +89,96 @@ def test_kernels_use_no_table_knowledge() -> None:
             allowed = ("evdb.kernels", "evdb.errors")
             bad = {t for t in evdb_imports(path) if not t.startswith(allowed)}
             assert not bad, f"{name} imports {bad}"
+
+
+# -- the house rules of the tier boundary (issue 27) ------------------------------------------
+PROJECT = ROOT.parent
+SOURCES = sorted(p for d in ("evdb", "api", "tools") for p in (PROJECT / d).rglob("*.py"))
+BACKENDS = ("evdb.kernels.cpu", "evdb.kernels.reference", "evdb.kernels.gpu")
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module a file imports, ``from a import b`` counted as both a and a.b (b may be
+    a submodule: ``from evdb.kernels import cpu`` imports a backend)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module if node.level == 0 else f"<relative>.{node.module}"
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(PROJECT).as_posix()
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+def test_only_kernels_and_tiers_import_a_backend(path: Path) -> None:
+    """Above the tiers, kernels are reached through the registry (``backend(name)``), so a
+    table runs whatever backend its tiers were built with; api/ reaches no kernel at all."""
+    rel = _rel(path)
+    imported = _imported(path)
+    if rel.startswith("api/"):
+        bad = {m for m in imported if m.startswith("evdb.kernels")}
+        assert not bad, f"{rel} imports {sorted(bad)}: api/ reads tables, it runs no kernel"
+    if rel.startswith(("evdb/kernels/", "evdb/tiers/")):
+        return
+    bad = {m for m in imported if m.startswith(BACKENDS)}
+    assert not bad, f"{rel} imports {sorted(bad)}: use evdb.kernels.backend(name)"
+
+
+def test_the_chain_knows_roles_not_tiers() -> None:
+    """The chain stacks any ``CacheTier`` over any ``Tier``: it imports no concrete tier."""
+    imported = _imported(ROOT / "tiers" / "chain.py")
+    concrete = ("evdb.tiers.cache", "evdb.tiers.dram", "evdb.tiers.hbm", "evdb.tiers.rocks")
+    assert not {m for m in imported if m.startswith(concrete)}
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """``x._name`` where x is not ``self``/``cls`` and ``_name`` is not an attribute this
+    module itself assigns on ``self`` (a class's private state is touched only by the module
+    that owns it, its own methods through ``self``)."""
+    tree = ast.parse(path.read_text())
+    own = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in ("self", "cls")
+    }
+    own |= {  # names defined at the top of a class of this module (class attributes, methods)
+        t.id if isinstance(t, ast.Name) else getattr(t, "name", "")
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef)
+        for stmt in cls.body
+        for t in (
+            stmt.targets
+            if isinstance(stmt, ast.Assign)
+            else [stmt.target]
+            if isinstance(stmt, ast.AnnAssign)
+            else [stmt]
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+            else []
+        )
+    }
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            and node.attr not in own
+        ):
+            found.append(f"{_rel(path)}:{node.lineno} .{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+def test_no_module_reaches_into_another_ones_privates(path: Path) -> None:
+    """A ``_private`` attribute or function is used only by the module that defines it:
+    what the layers above need is public (``Table.records``, ``Database.check_open``...)."""
+    assert not _private_reaches(path)

@@ -107,8 +107,7 @@ def test_push_follows_the_rule_over_several_steps(db, opt, per_position) -> None
         w, s = model_step(opt, w, s, g, db.step, step + 1)
         db.advance()
     np.testing.assert_allclose(t.lookup(uniq), w, rtol=2e-5, atol=2e-6)
-    rows = t._dram.locate(uniq)
-    np.testing.assert_allclose(t._dram.slots[rows], s, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(t.read_records(uniq)[1].slots, s, rtol=2e-5, atol=2e-6)
 
 
 def test_group_lasso_zeroes_whole_rows_and_compact_drops_them(db) -> None:
@@ -151,14 +150,13 @@ def test_upsert_keeps_slots_of_existing_rows_and_new_rows_start_fresh(db) -> Non
     p = t.pull([1, 2])
     t.push(p, np.ones((2, 2)))
     t.upsert([1], [[5.0, 5.0]])
-    rows = t._dram.locate(np.array([1, 2]))
-    np.testing.assert_allclose(t._dram.slots[rows], 1.1)  # kept: 0.1 + 1^2
+    np.testing.assert_allclose(t.read_records([1, 2])[1].slots, 1.1)  # kept: 0.1 + 1^2
     t.delete([2])
     t.upsert([2], [[1.0, 1.0]])
-    np.testing.assert_allclose(t._dram.slots[t._dram.locate(np.array([2]))], 0.1)  # fresh
+    np.testing.assert_allclose(t.read_records(np.array([2]))[1].slots, 0.1)  # fresh
     db.advance(3)  # key 1 expires
     t.upsert([1], [[1.0, 1.0]])
-    np.testing.assert_allclose(t._dram.slots[t._dram.locate(np.array([1]))], 0.1)  # fresh
+    np.testing.assert_allclose(t.read_records(np.array([1]))[1].slots, 0.1)  # fresh
 
 
 def test_slots_survive_reopen(tmp_path: Path) -> None:
@@ -179,11 +177,12 @@ def test_slots_survive_reopen(tmp_path: Path) -> None:
 def test_non_finite_gradients_change_no_row_and_no_slot(db) -> None:
     t = db.create_table("t", dim=2, optimizer=evdb.optim.Adagrad(lr=0.1))
     p = t.pull([1, 2, 1])
-    values, slots = t._dram.values.copy(), t._dram.slots.copy()
+    before = t.read_records([1, 2])[1]
     with pytest.raises(ValueError, match=r"grads\[2, 1\] = nan"):
         t.push(p, [[1.0, 1.0], [1.0, 1.0], [1.0, np.nan]], per_position=True)
-    np.testing.assert_array_equal(t._dram.values, values)
-    np.testing.assert_array_equal(t._dram.slots, slots)
+    after = t.read_records([1, 2])[1]
+    np.testing.assert_array_equal(after.values, before.values)
+    np.testing.assert_array_equal(after.slots, before.slots)
     assert t.stats()["pushes"] == 0
 
 

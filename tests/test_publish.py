@@ -241,8 +241,6 @@ def test_read_only_databases_cannot_publish(tmp_path: Path) -> None:
 
 
 def test_restored_records_reach_the_next_delta(tmp_path: Path) -> None:
-    from evdb.writes import restore_records
-
     root = tmp_path / "pub"
     with evdb.open(tmp_path / "db") as db:
         a = db.create_table("a", dim=2)
@@ -250,7 +248,7 @@ def test_restored_records_reach_the_next_delta(tmp_path: Path) -> None:
         a.upsert([1, 2], [[1.0, 1.0], [2.0, 2.0]])
         db.publish(root)
         _, records = a.read_records(np.array([1, 2]))
-        restore_records(b, np.array([1, 2]), records)  # as resharding moves rows
+        b.restore_records(np.array([1, 2]), records)  # as resharding moves rows
         assert db.publish(root)["kind"] == "delta"
         assert _delta(root, 2, "b")["keys"].tolist() == [1, 2]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import evdb
-import evdb.table
+import evdb.table_reads
 
 
 def test_strings_are_kept_for_rows_and_survive_reopen(tmp_path: Path) -> None:
@@ -34,7 +34,7 @@ def test_strings_are_kept_for_rows_and_survive_reopen(tmp_path: Path) -> None:
 def test_two_strings_with_one_hash_raise_and_change_nothing(db, monkeypatch) -> None:
     t = db.create_table("w", dim=2, key_type="str", keep_strings=True)
     weak = lambda keys, key_type, arg="keys": np.array([len(k) for k in keys], np.int64)  # noqa: E731
-    monkeypatch.setattr(evdb.table, "normalize_keys", weak)  # collisions on demand
+    monkeypatch.setattr(evdb.table_reads, "normalize_keys", weak)  # collisions on demand
     t.upsert(["cat"], [[1.0, 1.0]])
     with pytest.raises(evdb.KeyCollisionError, match="'dog' hashes to key 3, which already"):
         t.upsert(["dog"], [[2.0, 2.0]])

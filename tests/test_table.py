@@ -70,14 +70,14 @@ def test_pull_returns_unique_keys_inverse_and_rows(db) -> None:
     assert p.counts.tolist() == [2, 3]
     assert p.rows[1].tolist() == [1.0, 2.0]
     assert p.admitted.all()
-    assert t._dram.freq[t._dram.locate(p.keys)].tolist() == [2, 3]
+    assert t.read_records(p.keys)[1].freq.tolist() == [2, 3]
 
 
 def test_a_new_row_counts_the_pulls_that_admitted_it(db) -> None:
     t = db.create_table("t", dim=2, admission=evdb.admission.Counter(min_count=3))
     t.pull([5, 5])
     t.pull([5])
-    assert t._dram.freq[t._dram.locate(np.array([5]))].tolist() == [3]
+    assert t.read_records(np.array([5]))[1].freq.tolist() == [3]
 
 
 def test_pull_with_counts_counts_each_key_that_many_times(db) -> None:
@@ -94,7 +94,7 @@ def test_pull_with_counts_counts_each_key_that_many_times(db) -> None:
     a.pull([5, 6])
     pb = b.pull([6, 5], counts=[1, 1])
     assert pb.admitted.tolist() == [False, True]  # 5 reached 4 occurrences, 6 has 2
-    assert b._dram.freq[b._dram.locate(np.array([5]))].tolist() == [4]
+    assert b.read_records(np.array([5]))[1].freq.tolist() == [4]
     assert len(a) == len(b) == 1
     before = b.stats()
     for bad, message in (
@@ -140,7 +140,7 @@ def test_an_expired_row_is_pulled_afresh(db) -> None:
     p = t.pull(key)
     assert p.admitted[0]
     np.testing.assert_array_equal(p.rows, t.config.initializer.values(key, 3))
-    assert t._dram.freq[t._dram.locate(key)][0] == 2  # pulls since the restart, not 1 + 2
+    assert t.read_records(key)[1].freq[0] == 2  # pulls since the restart, not 1 + 2
     assert t.stats()["expired_on_pull"] == 1
 
 
@@ -153,7 +153,7 @@ def test_compact_reclaims_expired_and_weak_rows_and_counts_them(db) -> None:
     assert len(t) == 2
     assert t.compact() == {"expired": 3, "l2": 1, "admission_forgotten": 0}
     assert t.contains([4, 5]).tolist() == [True, False]
-    assert len(t._dram) == 1
+    assert t.stats()["tiers"]["dram"]["rows"] == 1
     assert t.compact() == {"expired": 0, "l2": 0, "admission_forgotten": 0}
 
 
@@ -162,7 +162,7 @@ def test_upsert_last_value_wins_and_keeps_slots_and_freq(db) -> None:
     t.pull([3, 3, 3])
     t.upsert([3, 3], [[1.0, 1.0], [2.0, 2.0]])
     assert t.lookup([3]).tolist() == [[2.0, 2.0]]
-    assert t._dram.freq[t._dram.locate(np.array([3]))][0] == 3
+    assert t.read_records(np.array([3]))[1].freq[0] == 3
 
 
 def test_push_applies_sgd_per_key_and_per_position(db) -> None:
@@ -255,7 +255,7 @@ def test_delete_counts_live_rows_and_recreates_fresh(db) -> None:
     assert t.delete([1, 1, 3]) == 1
     p = t.pull([1])
     np.testing.assert_array_equal(p.rows, t.config.initializer.values(np.array([1]), 2))
-    assert t._dram.freq[t._dram.locate(np.array([1]))][0] == 1
+    assert t.read_records(np.array([1]))[1].freq[0] == 1
 
 
 def test_string_keys(db) -> None:

@@ -26,8 +26,7 @@ import numpy as np
 from evdb._types import BoolArray, Int64Array
 from evdb.errors import ConfigError
 from evdb.records import FIELDS, RecordBatch
-from evdb.tiers.base import Tier
-from evdb.tiers.dram import DramTier
+from evdb.tiers.base import CacheTier, Tier
 
 __all__ = ["ChainTier", "StepCounts", "TierChain", "stack"]
 
@@ -97,8 +96,8 @@ class StepCounts:
 
 
 class TierChain:
-    """A ``DramTier`` cache (or an ``HbmTier``, which keeps its contract) over an optional
-    backing tier (a single tier, or a ``ChainTier``).
+    """A cache tier (the ``CacheTier`` role: DRAM, HBM) over an optional backing tier (a
+    single tier, or a ``ChainTier``).
 
     ``spill=True``: the backing tier holds what the cache has no room for, and misses are
     read from it. ``spill=False``: the cache holds every row and the backing tier is only
@@ -106,7 +105,7 @@ class TierChain:
     """
 
     def __init__(
-        self, cache: DramTier, backing: Tier | None, *, spill: bool, track_steps: bool
+        self, cache: CacheTier, backing: Tier | None, *, spill: bool, track_steps: bool
     ) -> None:
         self.cache = cache
         self.backing = backing
@@ -143,6 +142,17 @@ class TierChain:
         assert self.backing is not None
         self.backing.prefetch(keys[self.cache.locate(keys) < 0])
 
+    def resident(self, keys: Int64Array, level: str) -> BoolArray:
+        """Whether each key's row is held by the level named ``level`` (a cache's name, or the
+        backing tier's), whatever else holds a copy."""
+        if level == self.cache.name:
+            return self.cache.locate(keys) >= 0
+        if isinstance(self.backing, ChainTier):
+            return self.backing.chain.resident(keys, level)
+        if self.backing is not None and self.backing.name == level:
+            return self.backing.get(keys)[0]
+        raise ConfigError(f"tier: no level named {level!r} in this chain")
+
     def count_cache_reads(self, hits: int, misses: int) -> None:
         self.counters["hits"] += hits
         self.counters["misses"] += misses
@@ -161,10 +171,10 @@ class TierChain:
     def remove_rows(self, rows: Int64Array) -> None:
         """Remove cached rows (distinct, live) and their copies below."""
         if self.on_remove is not None:
-            self.on_remove(self.cache.row_keys[rows])
-        below = rows[self.cache.below[rows]]
-        if below.shape[0]:
-            self._remove_below(self.cache.row_keys[below], self.cache.below_step[below])
+            self.on_remove(self.cache.keys_of(rows))
+        has_copy, copy_step = self.cache.copies_below(rows)
+        if has_copy.any():
+            self._remove_below(self.cache.keys_of(rows[has_copy]), copy_step[has_copy])
         self.cache.remove_rows(rows)
 
     def remove_fetched(self, keys: Int64Array, last_step: Int64Array) -> None:
@@ -196,7 +206,7 @@ class TierChain:
             return
         if self.spill:
             live = ~expired
-            down = rows[live & self.cache.is_dirty[rows]]
+            down = rows[live & self.cache.dirty(rows)]
             self._write_down(self._in_key_order(down))
             self.counters["written_back"] += int(down.shape[0])
             self.cache.remove_rows(rows[live])  # the copies below now hold the truth
@@ -210,7 +220,7 @@ class TierChain:
         too: encode_keys keeps it). RocksDB's memtable inserts a sorted batch along the splice
         of its last insert instead of searching the skip list from the top for each row:
         35,000 victims (532-byte records), Rdict.write 31 -> 11 ms for a 1.5 ms argsort."""
-        return rows[np.argsort(self.cache.row_keys[rows], kind="stable")]
+        return rows[np.argsort(self.cache.keys_of(rows), kind="stable")]
 
     def _write_down(self, rows: Int64Array) -> None:
         """Write cached rows, in key order (``_in_key_order``), into the tier below and mark
@@ -218,22 +228,18 @@ class TierChain:
         if rows.shape[0] == 0 or self.backing is None:
             return
         cache = self.cache
-        below = cache.below[rows]
+        below, below_step = cache.copies_below(rows)
         records = cache.read(rows)
-        self.backing.put(cache.row_keys[rows], records, existed=below)
-        self.below_steps.sub(cache.below_step[rows[below]])
+        self.backing.put(cache.keys_of(rows), records, existed=below)
+        self.below_steps.sub(below_step[below])
         self.below_steps.add(records.last_step)
-        cache.is_dirty[rows] = False
-        cache.below[rows] = True
-        cache.below_step[rows] = records.last_step
+        cache.mark_written(rows, records.last_step)
 
     def flush(self) -> int:
         """Write every dirty cached row down; returns how many."""
         if self.backing is None:
             return 0
-        cache = self.cache
-        high = cache.alloc.high_water
-        rows = np.flatnonzero(cache.is_dirty[:high] & cache.is_live[:high])
+        rows = self.cache.dirty_rows()
         # One key order across the chunks as well (each chunk lands after the one before in
         # the memtable): 1M dirty rows flushed in 5.8 -> 1.2-1.3 s, the raw baseline of
         # unsorted write batches 1.6-1.8 s (bench_tiers section 3).
@@ -249,22 +255,18 @@ class TierChain:
         """Live rows across tiers, each key once: cached rows, plus rows below, less the
         rows below that the cache also holds."""
         cache = self.cache
-        high = cache.alloc.high_water
-        live = cache.is_live[:high]
-        cached = int(np.count_nonzero(live & (cache.last_step[:high] >= min_live)))
-        shadowed = int(
-            np.count_nonzero(live & cache.below[:high] & (cache.below_step[:high] >= min_live))
+        return (
+            cache.live_count(min_live)
+            + self.below_steps.live(min_live)
+            - cache.shadowed_count(min_live)
         )
-        return cached + self.below_steps.live(min_live) - shadowed
 
     def stored_rows(self) -> int:
         """Rows stored, each key once, expired ones included (what ``scan`` yields)."""
         n = len(self.cache)
         if self.has_rows_below:
             assert self.backing is not None
-            high = self.cache.alloc.high_water
-            shadowed = int(np.count_nonzero(self.cache.is_live[:high] & self.cache.below[:high]))
-            n += len(self.backing) - shadowed
+            n += len(self.backing) - self.cache.shadowed_count()
         return n
 
     def scan(self, chunk_rows: int) -> Iterator[tuple[Int64Array, RecordBatch]]:
@@ -279,9 +281,7 @@ class TierChain:
         reads the rest from here)."""
         if not self.has_rows_below:
             return
-        high = self.cache.alloc.high_water
-        shadowed = int(np.count_nonzero(self.cache.is_live[:high] & self.cache.below[:high]))
-        if self.backing is not None and shadowed == len(self.backing):
+        if self.backing is not None and self.cache.shadowed_count() == len(self.backing):
             return  # every row below is cached (say, after a flush): nothing left to read
         assert self.backing is not None
         for keys, records in self.backing.scan(chunk_rows):
@@ -391,9 +391,7 @@ class ChainTier(Tier):
         cache, below = self.chain.cache, self.chain.backing
         if below is None or below.is_empty():
             return len(cache)
-        high = cache.alloc.high_water
-        shadowed = int(np.count_nonzero(cache.is_live[:high] & cache.below[:high]))
-        return len(cache) + len(below) - shadowed
+        return len(cache) + len(below) - cache.shadowed_count()
 
     def is_empty(self) -> bool:
         # Without spilling, every row below is also cached: an empty cache means no rows.
@@ -429,11 +427,11 @@ class ChainTier(Tier):
         have = rows >= 0
         if have.all():
             cache.write(rows, records)
-            cache.is_dirty[rows] = True
+            cache.mark_dirty(rows)
         else:
             if have.any():
                 cache.write(rows[have], records.take(have))
-                cache.is_dirty[rows[have]] = True
+                cache.mark_dirty(rows[have])
             new = np.flatnonzero(~have)
             if not chain.has_rows_below:
                 below = np.zeros(new.shape[0], dtype=bool)
@@ -481,26 +479,24 @@ class ChainTier(Tier):
             "rows": len(self),
             "capacity": self.capacity_rows,
             "bytes": sum(int(level["bytes"]) for level in levels.values()),
-            "evictions": self.chain.cache.evictions,
+            "evictions": self.chain.cache.eviction_counts()[0],
         }
 
     def levels(self) -> dict[str, dict[str, Any]]:
         return self.chain.stats()
 
     def to_arrays(self) -> dict[str, Any]:
-        cache = self.chain.cache
-        evictions = np.array([cache.evictions, cache.expired_evictions], dtype=np.int64)
+        evictions = np.array(self.chain.cache.eviction_counts(), dtype=np.int64)
         return {**self.chain.to_arrays(), "evictions": evictions}
 
     def load_arrays(self, arrays: dict[str, Any]) -> None:
         self.chain.load_arrays(arrays)
         if "evictions" in arrays:
-            cache = self.chain.cache
-            cache.evictions, cache.expired_evictions = arrays["evictions"].tolist()
+            self.chain.cache.load_eviction_counts(tuple(arrays["evictions"].tolist()))
 
 
 def stack(
-    caches: Sequence[DramTier],
+    caches: Sequence[CacheTier],
     backing: Tier | None,
     *,
     spill: bool,

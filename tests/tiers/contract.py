@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from evdb.records import RecordBatch
+from evdb.records import FIELDS, RecordBatch
 from evdb.tiers.base import Tier
 
 DIM, SLOTS = 5, 2
@@ -19,11 +19,13 @@ def records(n: int, seed: int = 0) -> RecordBatch:
         freq=rng.integers(0, 2**32, n, dtype=np.uint32),
         last_step=rng.integers(-(2**40), 2**40, n),
         version=rng.integers(0, 2**63, n).astype(np.uint64),
+        flags=rng.integers(0, 2, n).astype(np.uint8),
     )
 
 
 def assert_same(a: RecordBatch, b: RecordBatch) -> None:
-    for name in ("values", "slots", "freq", "last_step", "version"):
+    """Every field of a record, flags included (a tier that drops one fails)."""
+    for name in FIELDS:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 
@@ -41,12 +43,7 @@ class TierContract:
         assert found.all()
         assert_same(
             got,
-            RecordBatch(
-                *(
-                    getattr(recs, f)[::-1]
-                    for f in ("values", "slots", "freq", "last_step", "version")
-                )
-            ),
+            RecordBatch(*(getattr(recs, f)[::-1] for f in FIELDS)),
         )
 
     def test_get_reports_missing_keys(self, tier: Tier) -> None:

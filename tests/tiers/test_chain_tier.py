@@ -14,8 +14,8 @@ import pytest
 from evdb.config import DramConfig, HbmConfig
 from evdb.errors import ConfigError
 from evdb.tiers.chain import ChainTier, TierChain, stack
-from evdb.tiers.dram import DramTier
-from evdb.tiers.hbm import HbmTier
+from evdb.tiers.dram import dram_tier
+from evdb.tiers.hbm import hbm_tier
 from evdb.tiers.rocks import RocksTier
 from evdb.tiers.store import RocksStore
 
@@ -31,7 +31,7 @@ def store(tmp_path: Path) -> Iterator[RocksStore]:
 
 def chain_tier(store: RocksStore | None, cap: int | None = 8, spill: bool = True) -> ChainTier:
     rocks = None if store is None else RocksTier(store, "t.x", DIM, SLOTS)
-    dram = DramTier(DIM, SLOTS, DramConfig(capacity_rows=cap))
+    dram = dram_tier(DIM, SLOTS, DramConfig(capacity_rows=cap))
     return ChainTier(TierChain(dram, rocks, spill=spill, track_steps=False), step=lambda: 0)
 
 
@@ -135,8 +135,8 @@ def test_scan_survives_removal_of_the_rows_it_yielded(store: RocksStore) -> None
 
 
 def test_a_flush_above_reaches_the_bottom(store: RocksStore) -> None:
-    hbm = HbmTier(DIM, SLOTS, HbmConfig(capacity_rows=5, device="cpu"), DramConfig())
-    dram = DramTier(DIM, SLOTS, DramConfig(capacity_rows=12))
+    hbm = hbm_tier(DIM, SLOTS, HbmConfig(capacity_rows=5, device="cpu"), DramConfig())
+    dram = dram_tier(DIM, SLOTS, DramConfig(capacity_rows=12))
     top = stack(
         [hbm, dram], RocksTier(store, "t.x", DIM, SLOTS), spill=True, track_steps=True, step=int
     )
@@ -150,7 +150,7 @@ def test_a_flush_above_reaches_the_bottom(store: RocksStore) -> None:
     assert len(hbm) <= 5 and len(dram) <= 12
     assert top.live_rows(-(2**63)) == 60
     top.flush()
-    assert not hbm.is_dirty.any() and not dram.is_dirty.any()
+    assert hbm.dirty_rows().size == 0 and dram.dirty_rows().size == 0
     assert len(rocks_of(below)) == 60  # every row on disk
     assert list(top.stats()) == ["hbm", "dram", "rocksdb"]
     found, got = rocks_of(below).get(keys)
@@ -173,7 +173,7 @@ def test_state_round_trips_through_to_arrays(store: RocksStore) -> None:
 
 
 def test_chains_that_would_lose_rows_are_refused(store: RocksStore) -> None:
-    dram = DramTier(DIM, SLOTS, DramConfig(capacity_rows=4))
+    dram = dram_tier(DIM, SLOTS, DramConfig(capacity_rows=4))
     with pytest.raises(ConfigError, match="without steps"):
         ChainTier(TierChain(dram, None, spill=False, track_steps=True), step=int)
     with pytest.raises(ConfigError, match="does not spill"):

@@ -1,4 +1,6 @@
-"""The DRAM tier: the shared contract plus eviction and pinning."""
+"""The DRAM tier: the tier and cache-role contracts, eviction and pinning; the same cache over
+the reference kernels passes the role's contract too (the tier is parameterised by its kernel
+backend, as an HBM tier is by the gpu one)."""
 
 from __future__ import annotations
 
@@ -6,19 +8,58 @@ import numpy as np
 import pytest
 
 from evdb.config import DramConfig
-from evdb.tiers.dram import DramTier
+from evdb.kernels import backend
+from evdb.tiers.base import CacheTier
+from evdb.tiers.cache import ColumnCache
+from evdb.tiers.dram import dram_tier
 
-from .contract import DIM, SLOTS, TierContract, records
+from .cache_contract import CacheContract, Factory
+from .contract import DIM, SLOTS, records
 
 
-class TestDramTier(TierContract):
+class TestDramTier(CacheContract):
     @pytest.fixture
-    def tier(self) -> DramTier:
-        return DramTier(DIM, SLOTS, DramConfig())
+    def make(self) -> Factory:
+        return lambda capacity_rows=None: dram_tier(
+            DIM, SLOTS, DramConfig(capacity_rows=capacity_rows)
+        )
+
+    @pytest.fixture
+    def cache(self, make: Factory) -> CacheTier:
+        return make()
 
 
-def filled(capacity: int, n: int, eviction: str = "lfu") -> DramTier:
-    tier = DramTier(DIM, SLOTS, DramConfig(capacity_rows=capacity, eviction=eviction))
+class TestCacheOnReferenceKernels(CacheContract):
+    """The cache over the plain-numpy specification of every kernel it runs."""
+
+    @pytest.fixture
+    def make(self) -> Factory:
+        return lambda capacity_rows=None: ColumnCache(
+            DIM,
+            SLOTS,
+            DramConfig(capacity_rows=capacity_rows),
+            name="dram",
+            device="cpu",
+            xp=np,
+            kernels=backend("reference"),
+        )
+
+    @pytest.fixture
+    def cache(self, make: Factory) -> CacheTier:
+        return make()
+
+
+def evict(
+    tier: CacheTier, step: int, min_live_step: int, protect: np.ndarray | None = None
+) -> None:
+    """What a chain with nothing below does: remove the victims for good."""
+    victims, expired = tier.choose_victims(step, min_live_step, protect)
+    tier.remove_rows(victims)
+    tier.count_evictions(expired)
+
+
+def filled(capacity: int, n: int, eviction: str = "lfu") -> ColumnCache:
+    tier = dram_tier(DIM, SLOTS, DramConfig(capacity_rows=capacity, eviction=eviction))
     recs = records(n)
     recs.freq[:] = np.arange(n, dtype=np.uint32)  # key i has frequency i
     recs.last_step[:] = 0
@@ -28,7 +69,7 @@ def filled(capacity: int, n: int, eviction: str = "lfu") -> DramTier:
 
 def test_eviction_drops_the_lowest_frequency_rows_to_the_low_watermark() -> None:
     tier = filled(100, 120)
-    tier.evict_to_capacity(step=0, min_live_step=-(2**63))
+    evict(tier, 0, -(2**63))
     assert len(tier) == 95  # (1 - 0.05) * capacity
     found, _ = tier.get(np.arange(120, dtype=np.int64))
     assert (~found).nonzero()[0].tolist() == list(range(25))
@@ -38,18 +79,18 @@ def test_eviction_drops_the_lowest_frequency_rows_to_the_low_watermark() -> None
 def test_lfu_ages_with_steps_and_lru_uses_last_step() -> None:
     tier = filled(10, 12)
     tier.last_step[tier.locate(np.array([11], np.int64))] = -100_000  # hot long ago
-    tier.evict_to_capacity(step=0, min_live_step=-(2**63))
+    evict(tier, 0, -(2**63))
     assert not tier.get(np.array([11], np.int64))[0][0]
     lru = filled(10, 12, eviction="lru")
     lru.last_step[lru.locate(np.arange(12, dtype=np.int64))] = np.arange(12)[::-1]
-    lru.evict_to_capacity(step=20, min_live_step=-(2**63))
+    evict(lru, 20, -(2**63))
     assert lru.get(np.arange(12, dtype=np.int64))[0].nonzero()[0].tolist() == list(range(9))
 
 
 def test_pinned_and_protected_rows_are_never_victims() -> None:
     tier = filled(100, 120)
     tier.pin(tier.locate(np.arange(10, dtype=np.int64)))  # the coldest rows
-    tier.evict_to_capacity(0, -(2**63), protect=tier.locate(np.arange(10, 20, dtype=np.int64)))
+    evict(tier, 0, -(2**63), protect=tier.locate(np.arange(10, 20, dtype=np.int64)))
     found, _ = tier.get(np.arange(120, dtype=np.int64))
     assert found[:20].all()
     assert len(tier) == 95
@@ -59,7 +100,7 @@ def test_expired_rows_go_first_and_are_counted_apart() -> None:
     tier = filled(100, 110)
     hot_but_old = np.arange(100, 110, dtype=np.int64)
     tier.last_step[tier.locate(hot_but_old)] = -50
-    tier.evict_to_capacity(step=0, min_live_step=-10)
+    evict(tier, 0, -10)
     assert not tier.get(hot_but_old)[0].any()
     assert tier.stats()["expired_evictions"] == 10
     assert tier.stats()["evictions"] == 5
@@ -73,7 +114,7 @@ def test_victims_are_the_lowest_scores_of_the_rows_allowed(eviction: str, seed: 
     rows first, and no candidate left with a lower score than a victim."""
     rng = np.random.default_rng(seed)
     n, cap = 3000, 2000
-    tier = DramTier(DIM, SLOTS, DramConfig(capacity_rows=cap, eviction=eviction))
+    tier = dram_tier(DIM, SLOTS, DramConfig(capacity_rows=cap, eviction=eviction))
     recs = records(n)
     recs.freq[:] = rng.integers(0, 50, n).astype(np.uint32)
     recs.last_step[:] = rng.integers(0, 400, n)

@@ -9,26 +9,35 @@ import pytest
 from evdb.config import DramConfig, HbmConfig
 from evdb.errors import ConfigError
 from evdb.kernels import gpu
-from evdb.tiers.hbm import HbmTier, require_device
+from evdb.tiers.base import CacheTier
+from evdb.tiers.hbm import hbm_tier, require_device
 
-from .contract import DIM, SLOTS, TierContract, records
+from .cache_contract import CacheContract, Factory
+from .contract import DIM, SLOTS, records
+from .test_dram import evict
 
 
-class TestEmulatedHbmTier(TierContract):
+class TestEmulatedHbmTier(CacheContract):
     @pytest.fixture
-    def tier(self) -> HbmTier:
-        return HbmTier(DIM, SLOTS, HbmConfig(capacity_rows=10_000, device="cpu"), DramConfig())
+    def make(self) -> Factory:
+        return lambda capacity_rows=10_000: hbm_tier(
+            DIM, SLOTS, HbmConfig(capacity_rows=capacity_rows, device="cpu"), DramConfig()
+        )
+
+    @pytest.fixture
+    def cache(self, make: Factory) -> CacheTier:
+        return make()
 
 
 def test_the_emulated_tier_is_bounded_by_hbm_rows_and_uses_the_dram_policy() -> None:
     policy = DramConfig(capacity_rows=None, eviction="lru", evict_fraction=0.5)
-    tier = HbmTier(DIM, SLOTS, HbmConfig(capacity_rows=10, device="cpu"), policy)
+    tier = hbm_tier(DIM, SLOTS, HbmConfig(capacity_rows=10, device="cpu"), policy)
     assert tier.capacity_rows == 10 and tier.config.eviction == "lru"
-    assert tier.device == "cpu" and tier.is_emulated and tier.name == "hbm"
+    assert tier.device == "cpu" and tier.name == "hbm"
     recs = records(12)
     recs.last_step[:] = np.arange(12)
     tier.put(np.arange(12, dtype=np.int64), recs)
-    tier.evict_to_capacity(step=20, min_live_step=-(2**63))
+    evict(tier, 20, -(2**63))
     assert tier.get(np.arange(12, dtype=np.int64))[0].nonzero()[0].tolist() == list(range(7, 12))
     s = tier.stats()
     assert s["device"] == "cpu" and s["emulated"] is True and s["evictions"] == 7
@@ -40,7 +49,7 @@ def test_a_cuda_device_without_cupy_says_so(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(gpu, "require", no_cupy)
     with pytest.raises(ConfigError, match=r"device=0: .*needs cupy.*device='cpu'"):
-        HbmTier(DIM, SLOTS, HbmConfig(capacity_rows=10, device=0), DramConfig())
+        hbm_tier(DIM, SLOTS, HbmConfig(capacity_rows=10, device=0), DramConfig())
     require_device("cpu")  # the emulation needs nothing
 
 
