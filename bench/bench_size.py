@@ -40,7 +40,8 @@ from _common import cpu_line, log, print_table, versions_line, wall_line
 import evdb
 from evdb.kernels.hashing import mix64_np
 from evdb.sizing import lru_curve, simulate, size_table
-from evdb.trace import KeyRecorder, read_key_log, read_trace
+from evdb.sizing_logs import read_key_log
+from evdb.trace import KeyRecorder, read_trace
 
 DIM = 16
 MOVIELENS = Path.home() / ".cache" / "evdb" / "ml-100k.inter"

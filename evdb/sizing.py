@@ -265,10 +265,9 @@ def simulate(
     ``push`` (the default, as training does) each pull is pushed a zero gradient: a push
     unpins the batch and evicts down to the watermark at once, at the pull's step, which
     moves the victims (and the next batch's hits) against a pull that waits for the next
-    pull to evict. Without a
-    disk tier, a miniature is made at least as big as the trace's largest batch (a table
-    without one refuses a pull of more distinct keys than rows). ``progress(done, total)``
-    is called with batches replayed.
+    pull to evict. Without a disk tier, a miniature is made at least as big as the trace's
+    largest batch (a table without one refuses a pull of more distinct keys than rows).
+    ``progress(done, total)`` is called with batches replayed.
     """
     conf = _config(trace, config)
     sizes = np.asarray(rows, dtype=np.int64)

@@ -4,7 +4,7 @@ A ``KeyRecorder`` keeps every access of a fixed fraction of the key space (spati
 SHARDS: a key is kept or dropped by its salted hash, so a kept key's reuse pattern is whole)
 and writes them, batch by batch with their operation and step, to one chunked file. A trace
 can also come from the user's own logs (``read_key_log``: an npy, npz or parquet column of
-keys, with optional steps), sampled the same way as it is read.
+keys, with optional steps: ``evdb.sizing_logs``), sampled the same way as it is read.
 
 File format (little-endian; version 1)::
 
@@ -40,7 +40,6 @@ import numpy as np
 
 from evdb._types import Int64Array
 from evdb.errors import CorruptDataError, InvalidArgumentError
-from evdb.kernels.hashing import mix64_np
 from evdb.sizing_kernels import sample_into, sample_threshold
 
 if TYPE_CHECKING:
@@ -53,14 +52,12 @@ __all__ = [
     "Trace",
     "TraceHeader",
     "config_digest",
-    "open_trace",
-    "read_key_log",
     "read_trace",
 ]
 
 OPS = ("pull", "lookup")  # op codes 0 and 1 in the file
 FORMAT = 1
-_MAGIC = b"EVDBTRC1"
+MAGIC = b"EVDBTRC1"
 _CHUNK = b"CHNK"
 _END = b"END!"
 _CHUNK_HEAD = struct.Struct("<4sIQI")
@@ -76,17 +73,18 @@ def config_digest(config: Mapping[str, Any] | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _salt(seed: int) -> int:
+def salt_of(seed: int) -> int:
+    """The value XORed into keys before hashing, for a trace's seed."""
     return int(np.uint64(seed) ^ np.uint64(0x9E3779B97F4A7C15))
 
 
-def _parse_rate(rate: Any) -> float:
+def parse_rate(rate: Any) -> float:
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
         raise InvalidArgumentError(f"rate must be a number in (0, 1], got {rate!r}")
     return float(rate)
 
 
-def _parse_seed(seed: Any) -> int:
+def parse_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         raise InvalidArgumentError(f"seed must be an int in [0, 2**64), got {seed!r}")
     return seed
@@ -208,10 +206,10 @@ class KeyRecorder:
             raise InvalidArgumentError(f"table must be a str, got {table!r}")
         conf = None if config is None else dict(_config_dict(config))
         self.header = TraceHeader(
-            table, conf, config_digest(conf), _parse_rate(rate), _parse_seed(seed)
+            table, conf, config_digest(conf), parse_rate(rate), parse_seed(seed)
         )
         self.path = Path(path)
-        self._salt = np.uint64(_salt(seed))
+        self._salt = np.uint64(salt_of(seed))
         self._threshold = np.uint64(sample_threshold(self.header.rate))
         self._all = self.header.rate == 1.0
         self._lock = threading.Lock()
@@ -221,7 +219,7 @@ class KeyRecorder:
         self.batches = self.kept = self.seen = 0
         self._file = open(self.path, "wb" if overwrite else "xb")
         head = json.dumps(self.header.to_dict(), sort_keys=True).encode()
-        self._file.write(_MAGIC + _U32.pack(len(head)) + head + _U32.pack(zlib.crc32(head)))
+        self._file.write(MAGIC + _U32.pack(len(head)) + head + _U32.pack(zlib.crc32(head)))
 
     @classmethod
     def for_table(
@@ -248,7 +246,7 @@ class KeyRecorder:
         accesses the table's hit and miss counters count for the call (``Table.pull``: its
         distinct keys; a lookup counts every position, the default for "lookup"). Cheap: one
         numba pass over the keys and a copy of the kept ones (about ``rate`` of them)."""
-        code = _op_code(op)
+        code = op_code(op)
         if self._file.closed:
             raise InvalidArgumentError(f"the recorder of {str(self.path)!r} is closed")
         k = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
@@ -330,7 +328,7 @@ def _config_dict(config: Any) -> Mapping[str, Any]:
     return to_dict()  # type: ignore[no-any-return]
 
 
-def _op_code(op: str) -> int:
+def op_code(op: str) -> int:
     try:
         return OPS.index(op)
     except ValueError:
@@ -383,7 +381,7 @@ def read_trace(
         Not a trace, truncated, or a checksum that does not match.
     """
     r = _Reader(Path(path))
-    if r.take(len(_MAGIC), "the magic") != _MAGIC:
+    if r.take(len(MAGIC), "the magic") != MAGIC:
         raise r.bad("not an evdb key trace (bad magic)")
     (n,) = _U32.unpack(r.take(4, "the header length"))
     head = r.take(n, "the header")
@@ -473,129 +471,3 @@ def _assemble(header: TraceHeader, parts: list[tuple[np.ndarray, ...]], complete
     np.cumsum(lengths, out=bounds[1:])
     steps, seen, counted, keys = (cat(i, np.int64) for i in (1, 3, 4, 5))
     return Trace(header, keys, bounds, ops, steps, seen, counted, complete)
-
-
-def read_key_log(
-    path: str | os.PathLike[str],
-    *,
-    column: str = "key",
-    step_column: str | None = "step",
-    rate: float = 1.0,
-    seed: int = 0,
-    batch_keys: int = 4096,
-    op: str = "pull",
-) -> Trace:
-    """A trace from a user's own log of keys: an ``.npy`` of keys, an ``.npz`` or a
-    ``.parquet`` file (pyarrow) with a ``column`` of int keys and optionally a
-    ``step_column`` of non-decreasing steps (one batch per step). Without steps, every
-    ``batch_keys`` keys are one batch at the next step. Keys are sampled at ``rate`` as a
-    ``KeyRecorder`` would."""
-    p = Path(path)
-    keys, steps = _load_log(p, column, step_column)
-    if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
-        raise InvalidArgumentError(f"{column!r} in {str(p)!r} must be 1-d ints, got {keys.dtype}")
-    keys = keys.astype(np.int64, copy=False)
-    if isinstance(batch_keys, bool) or not isinstance(batch_keys, int) or batch_keys < 1:
-        raise InvalidArgumentError(f"batch_keys must be an int >= 1, got {batch_keys!r}")
-    if steps is None:
-        steps = np.arange(keys.shape[0], dtype=np.int64) // batch_keys
-    else:
-        steps = np.asarray(steps).astype(np.int64, copy=False)
-        if steps.shape != keys.shape:
-            raise InvalidArgumentError(f"{step_column!r} and {column!r} differ in length")
-        if steps.size and (np.diff(steps) < 0).any():
-            first = int(np.flatnonzero(np.diff(steps) < 0)[0]) + 1
-            raise InvalidArgumentError(
-                f"{step_column!r} in {str(p)!r} must not decrease: row {first} has step "
-                f"{int(steps[first])} after {int(steps[first - 1])} (sort the log by step)"
-            )
-    header = TraceHeader(
-        "",
-        None,
-        config_digest(None),
-        _parse_rate(rate),
-        _parse_seed(seed),
-        p.suffix.lstrip(".") or "log",
-    )
-    starts = np.flatnonzero(np.diff(steps, prepend=steps[:1] - 1) != 0) if steps.size else steps
-    seen = np.diff(np.append(starts, keys.shape[0]))
-    batch_of = np.repeat(np.arange(starts.shape[0]), seen)
-    code = _op_code(op)
-    # what the table would count: a pull's distinct keys per batch, a lookup's positions
-    counted = seen if code == 1 else _distinct_per_batch(keys, batch_of, starts.shape[0])
-    if rate < 1.0:
-        mask = _sample_mask(keys, seed, rate)
-        kept_per = np.bincount(batch_of[mask], minlength=starts.shape[0])
-        keys = keys[mask]
-    else:
-        kept_per = seen
-    bounds = np.zeros(kept_per.shape[0] + 1, dtype=np.int64)
-    np.cumsum(kept_per, out=bounds[1:])
-    ops = np.full(kept_per.shape[0], code, dtype=np.uint8)
-    return Trace(header, keys, bounds, ops, steps[starts], seen, counted.astype(np.int64))
-
-
-def _distinct_per_batch(keys: Int64Array, batch_of: Int64Array, n_batches: int) -> Int64Array:
-    """Distinct keys of each batch, (n_batches,) int64: one sort of (batch, key) pairs."""
-    if keys.size == 0:
-        return np.zeros(n_batches, dtype=np.int64)
-    order = np.lexsort((keys, batch_of))
-    k, b = keys[order], batch_of[order]
-    first = np.ones(k.shape[0], dtype=bool)
-    first[1:] = (k[1:] != k[:-1]) | (b[1:] != b[:-1])
-    return np.bincount(b[first], minlength=n_batches).astype(np.int64)
-
-
-def _sample_mask(keys: Int64Array, seed: int, rate: float) -> np.ndarray:
-    """Which keys ``sample_keys`` keeps (the same hash, as a mask: a log needs its batches)."""
-    h = mix64_np(keys.view(np.uint64) ^ np.uint64(_salt(seed)))
-    return (h >> np.uint64(11)) < np.uint64(sample_threshold(rate))
-
-
-def _load_log(
-    p: Path, column: str, step_column: str | None
-) -> tuple[np.ndarray, np.ndarray | None]:
-    if not p.exists():
-        raise FileNotFoundError(f"no key log at {str(p)!r}")
-    suffix = p.suffix.lower()
-    if suffix == ".npy":
-        return np.load(p, allow_pickle=False), None
-    if suffix == ".npz":
-        with np.load(p, allow_pickle=False) as z:
-            if column not in z.files:
-                raise InvalidArgumentError(f"{str(p)!r} has no array {column!r} (it has {z.files})")
-            steps = z[step_column] if step_column and step_column in z.files else None
-            return z[column], steps
-    if suffix in (".parquet", ".pq"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise InvalidArgumentError(
-                "reading a parquet key log needs pyarrow: pip install 'evdb[parquet]'"
-            ) from None
-        names = pq.read_schema(p).names
-        if column not in names:
-            raise InvalidArgumentError(f"{str(p)!r} has no column {column!r} (it has {names})")
-        wanted = [column] + ([step_column] if step_column and step_column in names else [])
-        t = pq.read_table(p, columns=wanted)
-        keys = t.column(column).to_numpy()
-        steps = t.column(step_column).to_numpy() if len(wanted) == 2 else None
-        return keys, steps
-    raise InvalidArgumentError(
-        f"{str(p)!r}: a key log is an .npy, .npz or .parquet file (or an evdb trace)"
-    )
-
-
-def open_trace(
-    path: str | os.PathLike[str], *, allow_incomplete: bool = False, **log_options: Any
-) -> Trace:
-    """An evdb trace file (by its magic bytes), or else a user's key log (``read_key_log``
-    with ``log_options``)."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"no trace at {str(p)!r}")
-    with open(p, "rb") as f:
-        magic = f.read(len(_MAGIC))
-    if magic == _MAGIC:
-        return read_trace(p, allow_incomplete=allow_incomplete)
-    return read_key_log(p, **log_options)

@@ -204,7 +204,7 @@ def test_sampled_curve_is_close_to_unsampled(tmp_path: Path) -> None:
     keys = (rng.zipf(1.1, 400 * 512) % 200_000).astype(np.int64)
     np.savez(tmp_path / "log.npz", key=keys, step=np.repeat(np.arange(400), 512))
     conf = evdb.TableConfig(dim=4, admission=evdb.admission.Counter(min_count=2), ttl_steps=100)
-    from evdb.trace import read_key_log
+    from evdb.sizing_logs import read_key_log
 
     full = read_key_log(tmp_path / "log.npz")
     part = read_key_log(tmp_path / "log.npz", rate=0.2)

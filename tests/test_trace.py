@@ -9,7 +9,8 @@ import pytest
 
 import evdb
 from evdb.sizing_kernels import sample_keys, sample_keys_reference, sample_threshold
-from evdb.trace import KeyRecorder, open_trace, read_key_log, read_trace
+from evdb.sizing_logs import open_trace, read_key_log
+from evdb.trace import KeyRecorder, read_trace
 
 
 @pytest.fixture

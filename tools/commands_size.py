@@ -11,7 +11,8 @@ import click
 import evdb
 from evdb.config import TableConfig
 from evdb.sizing import DEFAULT_TARGETS, SizingReport, size_table
-from evdb.trace import open_trace, read_trace
+from evdb.sizing_logs import open_trace
+from evdb.trace import read_trace
 
 from .exit_codes import EXIT_CODES
 from .output import json_option, print_json, print_pairs, print_table, progress_bar
