@@ -20,7 +20,19 @@ is not changed. ``exchange`` therefore includes the wait for the slower rank. Ea
 ``--threads`` threads (1), so 1 rank computes on one core and 2 ranks on two: on a small
 shared machine with loopback for a network this shows the sharding's overhead, not a speed-up.
 
-Run from the repository root: ``.venv/bin/python bench/bench_distributed.py [--quick]``.
+Section 6 (``--section many-tables``, or after sections 1-5 by default) is the step of a
+model with one table per feature, at ``--tables`` tables (8 and 26): 2 ranks, one id per
+table per example, the ids of ``--ids`` split evenly over the tables, every row created
+first. In the same ranks, in blocks that take turns (``--rounds``): each table pulled and
+pushed by its own calls, the grouped exchange (``ShardedCollection``) with float32 and with
+bfloat16 payloads, and the grouped step with a dense MLP on the pooled features, as a plain
+loop and through ``TrainPipeline``. It counts the collectives of a step by wrapping
+``torch.distributed``'s functions in each rank (the pipeline's thread included), prints
+steps/s against the per-table calls, the bytes sent against the minimum for the same steps'
+keys, and TorchRec's table-wise sharded ``EmbeddingBagCollection`` where it imports.
+
+Run from the repository root: ``.venv/bin/python bench/bench_distributed.py [--quick]
+[--section many-tables]``.
 """
 
 from __future__ import annotations
