@@ -418,6 +418,12 @@ class SizingReport:
             "estimated_accesses": round(self.accesses / self.rate),
             "estimated_distinct_keys": self.lru.distinct_estimate,
             "current_dram_rows": self.current_rows,
+            # the most any size reaches: first accesses always miss, and admission and TTL
+            # turn keys away whatever the size
+            "highest_hit_rate": {
+                "evdb": None if policy is None else _highest(policy.hit_rate()),
+                "lru": _num(float(self.lru.hit_rate([np.inf])[0])),
+            },
             "targets": {
                 f"{t:g}": {
                     "evdb_rows": None if policy is None else policy.rows_for(t),
@@ -448,6 +454,10 @@ class SizingReport:
                 if at.size:
                     out["current_hit_rate"] = {"dram": _num(pull[int(at[0])])}
         return out
+
+
+def _highest(rates: np.ndarray) -> float | None:
+    return None if np.isnan(rates).all() else _num(float(np.nanmax(rates)))
 
 
 def _num(x: float) -> float | None:

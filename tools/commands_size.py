@@ -146,6 +146,12 @@ def _print(r: dict[str, Any]) -> None:
             ),
             ("current dram_rows", r["current_dram_rows"]),
             ("DRAM hit rate now", pct(r.get("current_hit_rate", {}).get("dram"))),
+            (
+                "highest hit rate",
+                f"{pct(r['highest_hit_rate']['evdb'])} (evdb policy), "
+                f"{pct(r['highest_hit_rate']['lru'])} (LRU): first accesses always miss, "
+                "admission and TTL turn keys away at any size",
+            ),
         ]
     )
     click.echo("")
