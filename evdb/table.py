@@ -134,16 +134,15 @@ class Table(TableReads):
             self.meta.count("expired_on_pull", int(np.count_nonzero(stale)))
         return rows
 
-    def _promote_misses(self, uniq: Int64Array, rows: Int64Array) -> None:
+    def _promote_misses(self, uniq: Int64Array, rows: Int64Array, op: str | None = None) -> None:
         """Bring the rows of distinct keys the top tier lacks (rows == -1) up from the tier
         below, dirty (the caller changes them next), writing their rows into ``rows``. Rows
-        found below but expired are removed there and stay -1: the key starts afresh."""
-        if not self._chain.has_rows_below:
-            return
+        found below but expired are removed there and stay -1: the key starts afresh.
+        ``op``: whose reads the levels below count ("pull"), if anyone's."""
         miss = np.flatnonzero(rows < 0)
-        if miss.size == 0:
+        if miss.size == 0 or (op is None and not self._chain.has_rows_below):
             return
-        found, records = self._chain.fetch(uniq[miss])
+        found, records = self._chain.fetch(uniq[miss], op)
         if records is None or len(records) == 0:
             return
         at = miss[found]
@@ -204,6 +203,8 @@ class Table(TableReads):
         k = self._keys(keys)
         given = None if counts is None else occurrence_counts(counts, k.shape[0], "counts")
         uniq, inverse, counts, found = self._distinct_rows(k)
+        if self._recorder is not None:  # counted: the distinct keys the tiers' counters count
+            self._recorder.record("pull", k, self._db.step, counted=uniq.shape[0])
         # counts: positions per distinct key (combine and per-position push use them);
         # occurrences: what admission and freq count
         occurrences = counts
@@ -225,8 +226,8 @@ class Table(TableReads):
         version = self.meta.bump()
         rows = self._drop_expired(found)
         n_hits = int(np.count_nonzero(rows >= 0))
-        self._chain.count_cache_reads(n_hits, rows.shape[0] - n_hits)
-        self._promote_misses(uniq, rows)
+        self._chain.count_cache_reads(n_hits, rows.shape[0] - n_hits, "pull")
+        self._promote_misses(uniq, rows, "pull")
         u = uniq.shape[0]
         out = np.empty((u, self.dim), dtype=np.float32)
         # Every row found: freq += count (saturating), last_step, version, the dirty and pinned
@@ -509,6 +510,7 @@ class Table(TableReads):
             "version": self.meta.version,
             "pushes": self.meta.pushes,
             "tiers": self._chain.stats(),
+            "reads": self._chain.read_counts(),
             "scratch_bytes": int(scratch),
             "admission": {
                 "policy": policy.kind,

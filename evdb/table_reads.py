@@ -32,6 +32,7 @@ from evdb.tiers.chain import stack
 from evdb.tiers.dram import dram_tier
 from evdb.tiers.hbm import hbm_tier
 from evdb.tiers.rocks import RocksStrings
+from evdb.trace import KeyRecorder
 from evdb.ttl import Ttl
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class TableReads:
         # The keys changed since the last publication (evdb.publish); empty until one starts it.
         self._changes = ChangeLog()
         self._chain.on_remove = self._changes.removed
+        self._recorder: KeyRecorder | None = None  # the keys asked for, sampled (evdb.trace)
 
     # -- helpers --------------------------------------------------------------------------
     def _keys(self, keys: Any, arg: str = "keys") -> Int64Array:
@@ -136,12 +138,24 @@ class TableReads:
             return self.config.initializer.kernel_params()
         return 0, 0, float(dv), 0.0
 
-    def _fetch(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch | None]:
+    def _fetch(
+        self, keys: Int64Array, op: str | None = None
+    ) -> tuple[BoolArray, RecordBatch | None]:
         """``TierChain.fetch`` for a reader: readers sharing the database take turns below."""
         with self._below:
-            return self._chain.fetch(keys)
+            return self._chain.fetch(keys, op)
 
     # -- public reads ---------------------------------------------------------------------
+    def trace(self, recorder: KeyRecorder | None) -> None:
+        """Record the keys of this table's pulls and lookups (with the step) into
+        ``recorder`` from now on, sampled as it samples them (``evdb.trace.KeyRecorder``;
+        ``evdb size`` reads the file); None stops recording. The caller closes the recorder."""
+        if recorder is not None and not isinstance(recorder, KeyRecorder):
+            raise InvalidArgumentError(
+                f"recorder must be an evdb.trace.KeyRecorder or None, got {recorder!r}"
+            )
+        self._recorder = recorder
+
     @property
     def step(self) -> int:
         """The database's global step (what TTL and ``last_step`` count in)."""
@@ -274,12 +288,15 @@ class TableReads:
         found: BoolArray | None,
         min_live: int,
         later: list[Int64Array] | None = None,
+        record: bool = True,
     ) -> Float32Array:
         """``lookup``'s body. It changes nothing unless ``promote`` (the caller holds the
         database alone then). ``later``, if given, collects the keys of the rows read from
         disk, for ``_promote_read`` to cache once the caller may write."""
         k = self._keys(keys)
         n = k.shape[0]
+        if record and self._recorder is not None:
+            self._recorder.record("lookup", k, self._db.step)
         plain = offsets is None and weights is None and combiner is None and max_norm is None
         bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
         shape = (n if bags is None else bags.n_bags, self.dim)
@@ -302,7 +319,9 @@ class TableReads:
                 return out
             # Some rows may be on disk: read them all, then combine (the fused kernel reads
             # the top tier only).
-            values = self._lookup(k, None, None, None, None, None, promote, found, min_live, later)
+            values = self._lookup(
+                k, None, None, None, None, None, promote, found, min_live, later, False
+            )
             cpu.gather_combine(
                 values, np.arange(n, dtype=np.int64), bags.bounds, bags.weights, bags.combiner,
                 bags.max_norm, out,
@@ -318,7 +337,7 @@ class TableReads:
         # Readers count at once without a lock: each ``counters[name] += n`` (str key, int value)
         # runs without an eval-breaker check between its read and its write, so CPython's GIL
         # is not handed over in between and no count is lost (a lock here cost 0.35 us a call).
-        self._chain.count_cache_reads(n - missing, missing)
+        self._chain.count_cache_reads(n - missing, missing, "lookup")
         if found is not None:
             np.greater_equal(rows[:n], 0, out=found)
         if missing:
@@ -328,6 +347,7 @@ class TableReads:
                 if found is not None:
                     found[miss] = have
             else:
+                self._chain.count_not_found(missing, "lookup")
                 out[miss] = self.defaults(k[miss])
         self._out_rows.append(rows)
         return out
@@ -345,7 +365,7 @@ class TableReads:
         uniq, inverse = np.unique(keys, return_inverse=True)
         values = np.empty((uniq.shape[0], self.dim), dtype=np.float32)
         have = np.zeros(uniq.shape[0], dtype=bool)
-        found, records = self._fetch(uniq)
+        found, records = self._fetch(uniq, "lookup")
         if records is not None and len(records):
             live = records.last_step >= min_live
             at = np.flatnonzero(found)[live]

@@ -367,3 +367,24 @@ def test_initial_rows_makes_room_up_front_and_persists(tmp_path: Path) -> None:
     for bad in (-1, None, 2.0, True):
         with pytest.raises(evdb.ConfigError, match=r"dram\.initial_rows"):
             evdb.DramConfig(initial_rows=bad)
+
+
+def test_a_traced_table_records_its_pulls_and_lookups_once(db, tmp_path) -> None:
+    from evdb.trace import KeyRecorder, read_trace
+
+    t = db.create_table("t", dim=2, dram_rows=4)  # bags over rows on disk: a nested read
+    t.upsert(np.arange(10), np.ones((10, 2), np.float32))
+    with KeyRecorder.for_table(t, tmp_path / "t.trace", rate=1.0) as rec:
+        t.trace(rec)
+        t.push(t.pull([3, 1, 3]), np.zeros((2, 2), np.float32))
+        db.advance()
+        t.lookup([9, 8, 7, 9], offsets=[0, 2])
+        t.trace(None)
+        t.lookup([5])  # not recorded
+    got = list(read_trace(tmp_path / "t.trace", table=t).batches())
+    assert [(op, step, keys.tolist()) for op, step, keys in got] == [
+        ("pull", 0, [3, 1, 3]),
+        ("lookup", 1, [9, 8, 7, 9]),
+    ]
+    with pytest.raises(evdb.InvalidArgumentError, match="recorder must be"):
+        t.trace("t.trace")

@@ -320,3 +320,31 @@ def test_prefetch_changes_no_result_and_serves_the_next_pull(tmp_path: Path) -> 
     assert plain.stats()["tiers"]["rocksdb"]["read_ahead_used"] == 0
     db0.close()
     db1.close()
+
+
+@pytest.mark.parametrize("hbm", [False, True])
+def test_reads_count_the_keys_each_level_answered(db, hbm: bool) -> None:
+    """stats()["reads"]: per operation, the keys each tier held when asked, and those no tier
+    held; a pull counts its distinct keys, a lookup its positions at the top."""
+    kw = {"hbm_rows": 5, "device": "cpu"} if hbm else {}
+    t = spilled_table(db, **kw)
+    top = "hbm" if hbm else "dram"
+    levels = ["hbm", "dram"] if hbm else ["dram"]
+    before = t.stats()["reads"]
+    cached = np.flatnonzero(t.resident(np.arange(500)))[:3]
+    in_memory = t.resident(np.arange(500)) | t.resident(np.arange(500), tier="dram")
+    cold = np.flatnonzero(~in_memory)[:4]
+    new = np.array([1000, 1001])
+    p = t.pull(np.concatenate([cached, cold, new, cached]))
+    t.push(p, np.zeros((9, 4), np.float32))
+    reads = t.stats()["reads"]
+    pulled = {k: reads["pull"][k] - before["pull"].get(k, 0) for k in reads["pull"]}
+    assert pulled[top] == 3 and pulled["rocksdb"] == 4 and pulled["not_found"] == 2
+    assert sum(pulled.values()) == 9  # each distinct key once, at the level that had it
+    assert list(reads["pull"]) == [*levels, "rocksdb", "not_found"]
+    t.lookup(np.concatenate([cached, cached, [5000]]))
+    looked = t.stats()["reads"]["lookup"]
+    assert looked[top] - before["lookup"][top] == 6 and looked["not_found"] == 1
+    tiers = t.stats()["tiers"][top]
+    assert tiers["lookup_hits"] == looked[top] and tiers["pull_hits"] == reads["pull"][top]
+    assert tiers["hits"] == tiers["pull_hits"] + tiers["lookup_hits"]

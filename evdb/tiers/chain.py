@@ -28,7 +28,9 @@ from evdb.errors import ConfigError
 from evdb.records import FIELDS, RecordBatch
 from evdb.tiers.base import CacheTier, Tier
 
-__all__ = ["ChainTier", "StepCounts", "TierChain", "stack"]
+__all__ = ["READ_OPS", "ChainTier", "StepCounts", "TierChain", "stack"]
+
+READ_OPS = ("pull", "lookup")  # the reads whose keys each level counts
 
 _FLUSH_CHUNK = 65536
 
@@ -115,12 +117,13 @@ class TierChain:
         # only the top chain has one, so a row removed through a chain below counts once.
         self.on_remove: Callable[[Int64Array], None] | None = None
         self.counters = {
-            "hits": 0,
-            "misses": 0,
             "promotions": 0,
             "written_back": 0,
             "flushed": 0,
         }
+        # Keys asked of each level, by operation: hits and misses of the cache; keys found in
+        # the backing tier ("below") and found nowhere ("not_found", at the bottom chain).
+        self.reads = {op: {"hits": 0, "misses": 0, "below": 0, "not_found": 0} for op in READ_OPS}
 
     # -- reads ----------------------------------------------------------------------------
     @property
@@ -128,12 +131,33 @@ class TierChain:
         """Whether a cache miss can find a row below (false until something spills)."""
         return self.spill and self.backing is not None and not self.backing.is_empty()
 
-    def fetch(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch | None]:
-        """Rows of keys the cache does not hold, read from below in one batch."""
+    def fetch(
+        self, keys: Int64Array, op: str | None = None
+    ) -> tuple[BoolArray, RecordBatch | None]:
+        """Rows of keys the cache does not hold, read from below in one batch, counted as
+        ``op``'s reads ("pull" or "lookup"; None counts nothing)."""
         if not self.has_rows_below:
+            self.count_not_found(keys.shape[0], op)
             return np.zeros(keys.shape[0], dtype=bool), None
+        if isinstance(self.backing, ChainTier):
+            return self.backing.get_for(keys, op)
         assert self.backing is not None
-        return self.backing.get(keys)
+        found, records = self.backing.get(keys)
+        if op is not None:
+            n_found = int(np.count_nonzero(found))
+            self.reads[op]["below"] += n_found
+            self.reads[op]["not_found"] += keys.shape[0] - n_found
+        return found, records
+
+    def count_not_found(self, n: int, op: str | None) -> None:
+        """Count keys of ``op`` that no level holds (nothing below to ask)."""
+        if op is None:
+            return
+        if isinstance(self.backing, ChainTier):
+            self.backing.chain.count_cache_reads(0, n, op)
+            self.backing.chain.count_not_found(n, op)
+        else:
+            self.reads[op]["not_found"] += n
 
     def prefetch(self, keys: Int64Array) -> None:
         """Read ahead, below, the rows of keys (repeats allowed) that the cache lacks."""
@@ -153,9 +177,27 @@ class TierChain:
             return self.backing.get(keys)[0]
         raise ConfigError(f"tier: no level named {level!r} in this chain")
 
-    def count_cache_reads(self, hits: int, misses: int) -> None:
-        self.counters["hits"] += hits
-        self.counters["misses"] += misses
+    def count_cache_reads(self, hits: int, misses: int, op: str = "pull") -> None:
+        """Count keys ``op`` found (hits) and did not find (misses) in the cache."""
+        counts = self.reads[op]
+        counts["hits"] += hits
+        counts["misses"] += misses
+
+    def read_counts(self) -> dict[str, dict[str, int]]:
+        """Per operation ("pull", "lookup"), the keys each level answered: a cache level's
+        hits by its name, the backing tier's finds by its name, and ``not_found``: the keys no
+        level held (new keys of a pull, defaults of a lookup)."""
+        out: dict[str, dict[str, int]] = {}
+        for op in READ_OPS:
+            levels = {self.cache.name: self.reads[op]["hits"]}
+            if isinstance(self.backing, ChainTier):
+                levels.update(self.backing.chain.read_counts()[op])
+            else:
+                if self.backing is not None:
+                    levels[self.backing.name] = self.reads[op]["below"]
+                levels["not_found"] = self.reads[op]["not_found"]
+            out[op] = levels
+        return out
 
     # -- rows entering the cache ----------------------------------------------------------
     def promote(self, keys: Int64Array, records: RecordBatch, *, dirty: bool) -> Int64Array:
@@ -296,11 +338,14 @@ class TierChain:
         c = self.counters
         top = self.cache.stats()
         top.update(
-            hits=c["hits"],
-            misses=c["misses"],
+            hits=sum(self.reads[op]["hits"] for op in READ_OPS),
+            misses=sum(self.reads[op]["misses"] for op in READ_OPS),
             promotions=c["promotions"],
             written_back=c["written_back"] + c["flushed"],
         )
+        for op in READ_OPS:
+            top[f"{op}_hits"] = self.reads[op]["hits"]
+            top[f"{op}_misses"] = self.reads[op]["misses"]
         tiers = {self.cache.name: top}
         if self.backing is not None:
             for name, level in self.backing.levels().items():
@@ -399,16 +444,22 @@ class ChainTier(Tier):
 
     # -- Tier contract --------------------------------------------------------------------
     def get(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch]:
+        return self.get_for(keys, None)
+
+    def get_for(self, keys: Int64Array, op: str | None) -> tuple[BoolArray, RecordBatch]:
+        """``get``, counting the reads as ``op``'s (the chain above says whose miss it is;
+        None counts nothing)."""
         cache = self.chain.cache
         rows = cache.locate(keys)
         found = rows >= 0
         hits = int(np.count_nonzero(found))
-        self.chain.count_cache_reads(hits, keys.shape[0] - hits)
+        if op is not None:
+            self.chain.count_cache_reads(hits, keys.shape[0] - hits, op)
         cached = cache.read(rows[found])
         if hits == keys.shape[0]:
             return found, cached
         miss = np.flatnonzero(~found)
-        hit, below = self.chain.fetch(keys[miss])
+        hit, below = self.chain.fetch(keys[miss], op)
         if below is None or len(below) == 0:
             return found, cached
         at = np.concatenate([np.flatnonzero(found), miss[hit]])
