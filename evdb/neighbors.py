@@ -33,7 +33,7 @@ from evdb.errors import InvalidArgumentError
 from evdb.keys import normalize_keys
 
 if TYPE_CHECKING:
-    from evdb.table_reads import TableReads as Table
+    from evdb.table_scans import TableScans as Table
 
 __all__ = [
     "METRICS",

@@ -15,13 +15,15 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
     | {"evdb.distributed"}  # sharding: a layer above Database and Table (DESIGN)
-    | {"evdb.sizing"}  # tier sizing: it replays a trace through real tables
+    | {"evdb.sizing", "evdb.sizing_logs"}  # tier sizing: it replays a trace through tables
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
     {"evdb", "evdb.database", "evdb.storage", "evdb.checkpoint", "evdb.checkpoint_restore"}
     | {"evdb.manifest", "evdb.publish", "evdb.publish_root"}  # the facade, its files on disk
     | {"evdb.view", "evdb.view_overlay", "evdb.view_sample"},  # a publication's tables, read
-    {"evdb.table"},  # Table: the writes, over its read half
-    {"evdb.table_reads", "evdb.pulled", "evdb.strings", "evdb.table_meta"}
+    {"evdb.table"},  # Table, over its halves: training and direct writes,
+    {"evdb.table_upkeep"},  # compaction, stats and persistence,
+    {"evdb.table_scans"},  # whole-table reads,
+    {"evdb.table_reads", "evdb.pulled", "evdb.strings", "evdb.table_meta"}  # point reads
     | {"evdb.neighbors", "evdb.sampling"},  # Table.neighbors' body; the dashboard's row sample
     {"evdb.dedup", "evdb.trace", "evdb.sizing_kernels"},  # a table's scratch and key trace
     {"evdb.tiers"},
