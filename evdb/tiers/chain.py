@@ -27,74 +27,13 @@ from evdb._types import BoolArray, Int64Array
 from evdb.errors import ConfigError
 from evdb.records import FIELDS, RecordBatch
 from evdb.tiers.base import CacheTier, Tier
+from evdb.tiers.step_counts import StepCounts
 
 __all__ = ["READ_OPS", "ChainTier", "StepCounts", "TierChain", "stack"]
 
 READ_OPS = ("pull", "lookup")  # the reads whose keys each level counts
 
 _FLUSH_CHUNK = 65536
-
-
-class StepCounts:
-    """How many rows of a tier have each ``last_step``, to count live rows without a scan.
-
-    Without a TTL every row is live and one total suffices. With one, rows whose step fell
-    below the live floor stay expired for good (the floor only rises), so they are merged into
-    one bucket: the map never holds more than ``ttl_steps + 2`` entries.
-    """
-
-    def __init__(self, track_steps: bool) -> None:
-        self.track_steps = track_steps
-        self.counts: dict[int, int] = {}
-        self.floor = -(2**63)
-
-    def _buckets(self, steps: Int64Array) -> tuple[Int64Array, Int64Array]:
-        if not self.track_steps:
-            return np.zeros(1, dtype=np.int64), np.array([steps.shape[0]], dtype=np.int64)
-        below = steps < self.floor
-        if below.any():
-            steps = np.where(below, self.floor - 1, steps)
-        return np.unique(steps, return_counts=True)
-
-    def add(self, steps: Int64Array, sign: int = 1) -> None:
-        if steps.shape[0] == 0:
-            return
-        for step, n in zip(*self._buckets(steps), strict=True):  # distinct steps: a few
-            total = self.counts.get(int(step), 0) + sign * int(n)
-            if total:
-                self.counts[int(step)] = total
-            else:
-                del self.counts[int(step)]
-
-    def sub(self, steps: Int64Array) -> None:
-        self.add(steps, -1)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def live(self, min_live: int) -> int:
-        """Rows with last_step >= min_live (min_live never decreases between calls)."""
-        if not self.track_steps:
-            return self.total
-        if min_live > self.floor:
-            self.floor = min_live
-            old = [s for s in self.counts if s < min_live]
-            merged = sum(self.counts.pop(s) for s in old)
-            if merged:
-                self.counts[min_live - 1] = merged
-        return sum(n for s, n in self.counts.items() if s >= min_live)
-
-    def to_arrays(self) -> dict[str, np.ndarray]:
-        return {
-            "steps": np.array(list(self.counts), dtype=np.int64),
-            "counts": np.array(list(self.counts.values()), dtype=np.int64),
-            "floor": np.array([self.floor], dtype=np.int64),
-        }
-
-    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        self.counts = dict(zip(arrays["steps"].tolist(), arrays["counts"].tolist(), strict=True))
-        self.floor = int(arrays["floor"][0])
 
 
 class TierChain:
