@@ -185,11 +185,11 @@ class KeyRecorder:
     ...     t = db.create_table("item", dim=4)
     ...     with KeyRecorder.for_table(t, os.path.join(d, "item.trace"), rate=1.0) as rec:
     ...         keys = np.array([7, 3, 7], dtype=np.int64)
-    ...         rec.record("pull", keys, db.step)  # what Table.pull does with a recorder
-    ...         _ = t.pull(keys)
+    ...         pulled = t.pull(keys)  # with a recorder attached, Table.pull records:
+    ...         rec.record("pull", keys, db.step, counted=pulled.keys.shape[0])
     >>> tr = read_trace(os.path.join(d, "item.trace"), table=t)
     >>> tr.keys.tolist(), tr.steps.tolist(), tr.seen.tolist(), tr.counted.tolist()
-    ([7, 3, 7], [0], [3], [-1])
+    ([7, 3, 7], [0], [3], [2])
     """
 
     def __init__(
