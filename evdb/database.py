@@ -49,6 +49,7 @@ from evdb.optim import SGD, Optimizer
 from evdb.storage import CHECKPOINTS, POINTER, WORKING, Metadata, Storage
 from evdb.table import Table
 from evdb.tiers.hbm import require_device
+from evdb.tiers.store import RocksStore
 
 if TYPE_CHECKING:
     from evdb.publish import Publisher
@@ -185,6 +186,12 @@ class Database:
             except (KeyError, TypeError, ValueError) as e:
                 raise CorruptDataError(f"{self.path}: table {name!r} cannot be loaded ({e})") from e
             self._tables[name] = table
+
+    @property
+    def _store(self) -> RocksStore:
+        # Temporary, for tests/test_table_stateful.py (crash: db.close(flush=False)) and
+        # tests/test_hbm.py (db.storage.column_families) until they use the public names.
+        return self.storage.store
 
     def _new_table(self, name: str, config: TableConfig) -> Table:
         """Table name over its column families in the store (created if missing)."""
