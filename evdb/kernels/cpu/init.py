@@ -63,7 +63,17 @@ def fill_uniform(keys, seed, low, high, out) -> None:  # type: ignore[no-untyped
     (_fill_uniform_parallel if big else _fill_uniform_serial)(keys, seed, low, high, out)
 
 
-@lazy_njit(f8(u8, u8, i8, i8), inline="always")
+# _normal, _truncated and default_row are called, not inlined: they serve the rare paths (an
+# odd last column, a value beyond the truncation, a missing key's default in a bag), and numba
+# types an inlined body again in every caller. Inlined, they made the kernels slow to compile
+# (2 shared cores, load 10): _fill_normal_serial 33 s, _probe_gather_combine_serial 90 s and
+# _parallel 166 s; called, 6.7, 7.9 and 20 s, so a fresh server's first lookup and a trainer's
+# first pull wait that much less. The rows are the same bit for bit (no fastmath: a call rounds
+# as the inlined code did). The price is on TruncatedNormal's redraws, which lose the inlined
+# code's shared first draw: its fill of 2,048 rows of dim 16 on one thread 0.19 -> 0.23-0.33
+# ms; Normal's even dims are unchanged. Inlining _normal alone (calling _truncated) compiled in
+# 18 s and cost the same.
+@lazy_njit(f8(u8, u8, i8, i8))
 def _normal(seed, key_bits, col, attempt):  # type: ignore[no-untyped-def]
     u1 = _uniform01(_salt(seed, 2 * attempt), key_bits, col // 2)
     u2 = _uniform01(_salt(seed, 2 * attempt + 1), key_bits, col // 2)
@@ -72,7 +82,7 @@ def _normal(seed, key_bits, col, attempt):  # type: ignore[no-untyped-def]
     return r * (c if col % 2 == 0 else s)
 
 
-@lazy_njit(f8(u8, u8, i8), inline="always")
+@lazy_njit(f8(u8, u8, i8))
 def _truncated(seed, key_bits, col):  # type: ignore[no-untyped-def]
     """Column col's z, redrawn from its own streams while beyond the truncation."""
     z = _normal(seed, key_bits, col, 0)
@@ -135,7 +145,7 @@ def fill_normal(keys, seed, mean, std, truncate, out) -> None:  # type: ignore[n
     kernel(keys, seed, mean, std, truncate, out)
 
 
-@lazy_njit(types.void(i8, u8, f8, f8, u8, F4_2D, i8), inline="always")
+@lazy_njit(types.void(i8, u8, f8, f8, u8, F4_2D, i8))
 def default_row(kind, seed, a, b, key_bits, out, i):  # type: ignore[no-untyped-def]
     """out[i] = a key's default value, bit-identical to what fill_* writes: kind 0 =
     constant a, 1 = uniform [a, b), 2 = normal(a, b), 3 = truncated normal(a, b)."""
