@@ -20,8 +20,9 @@ Three parts, each against a baseline measured in the same run:
   ``~/.cache/evdb/ml-100k.inter`` (``python examples/movielens.py`` fetches them once; see
   ``../shared/data/README.md``); skipped otherwise.
 
-Run from the repository root: ``.venv/bin/python bench/bench_size.py`` (about 4 minutes on 2
-shared cores at the default 2M accesses; the issue asks for 10M: ``--accesses 10000000``).
+Run from the repository root: ``.venv/bin/python bench/bench_size.py`` (2.5 minutes on 2
+shared cores at the default 2M accesses; the issue asks for 10M: ``--accesses 10000000``, 14
+minutes, most of it the three real tables and the unsampled simulation).
 """
 
 from __future__ import annotations

@@ -446,6 +446,7 @@ class SizingReport:
                     "evdb_hit_rate": _num(pull[i]),
                     "evdb_lookup_hit_rate": _num(look[i]),
                     "lru_hit_rate": _num(lru[i]),
+                    "reliable": bool(m >= MIN_MINIATURE_ROWS),  # see MIN_MINIATURE_ROWS
                 }
                 for i, (r, m) in enumerate(zip(policy.rows, policy.mini_rows, strict=True))
             ]

@@ -164,11 +164,13 @@ def _print(r: dict[str, Any]) -> None:
         print_table(
             ["dram_rows", "evdb hit rate", "LRU hit rate", "lookup hit rate"],
             [
-                [c["dram_rows"], pct(c["evdb_hit_rate"]), pct(c["lru_hit_rate"]),
-                 pct(c["evdb_lookup_hit_rate"])]
+                [c["dram_rows"], pct(c["evdb_hit_rate"]) + ("" if c["reliable"] else " *"),
+                 pct(c["lru_hit_rate"]), pct(c["evdb_lookup_hit_rate"])]
                 for c in r["curve"]
             ],
         )  # fmt: skip
+    if any(not c["reliable"] for c in r["curve"]):
+        click.echo("* a miniature of fewer than 200 rows: off by a few points (see the warning)")
     for w in r["warnings"]:
         click.echo(f"warning: {w}", err=True)
 
