@@ -418,8 +418,8 @@ class SizingReport:
             "estimated_accesses": round(self.accesses / self.rate),
             "estimated_distinct_keys": self.lru.distinct_estimate,
             "current_dram_rows": self.current_rows,
-            # the most any size reaches: first accesses always miss, and admission and TTL
-            # turn keys away whatever the size
+            # the most the simulated sizes reach (the default grid goes up to every distinct
+            # key): first accesses always miss, and admission and TTL turn keys away
             "highest_hit_rate": {
                 "evdb": None if policy is None else _highest(policy.hit_rate()),
                 "lru": _num(float(self.lru.hit_rate([np.inf])[0])),

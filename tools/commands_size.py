@@ -149,8 +149,7 @@ def _print(r: dict[str, Any]) -> None:
             (
                 "highest hit rate",
                 f"{pct(r['highest_hit_rate']['evdb'])} (evdb policy), "
-                f"{pct(r['highest_hit_rate']['lru'])} (LRU): first accesses always miss, "
-                "admission and TTL turn keys away at any size",
+                f"{pct(r['highest_hit_rate']['lru'])} (LRU), of the sizes simulated",
             ),
         ]
     )
