@@ -250,6 +250,14 @@ def _tier_counts(table: evdb.Table) -> tuple[int, int]:
     return int(dram["hits"]), int(dram["misses"])
 
 
+def _split_counts(table: evdb.Table) -> dict[str, tuple[int, int]] | None:
+    """The DRAM tier's hits and misses per op, where its stats split them (else None)."""
+    dram = table.stats()["tiers"]["dram"]
+    if "pull_hits" not in dram:
+        return None
+    return {op: (int(dram[f"{op}_hits"]), int(dram[f"{op}_misses"])) for op in OPS}
+
+
 def simulate(
     trace: Trace,
     rows: Sequence[int],
@@ -291,12 +299,13 @@ def simulate(
     try:
         with evdb.open(work) as db:
             tables = [_create(db, f"mini{i}", m) for i, m in enumerate(minis)]
+            split = _split_counts(tables[0]) is not None  # else: read where the op changes
             first = int(trace.steps[0]) if trace.n_batches else 0
             db.advance(max(first, 0))
             ops, steps, b = trace.ops.tolist(), trace.steps.tolist(), trace.bounds.tolist()
             run_op, before = -1, [(0, 0)] * len(tables)
             for i in range(trace.n_batches):
-                if ops[i] != run_op:  # counters are read where the op changes
+                if ops[i] != run_op and not split:  # counters read where the op changes
                     _add(tables, before, run_op, hits, misses)
                     before, run_op = [_tier_counts(t) for t in tables], ops[i]
                 if steps[i] > db.step:
@@ -313,7 +322,12 @@ def simulate(
                         t.lookup(keys)
                 if progress is not None and (i % 64 == 63 or i == trace.n_batches - 1):
                     progress(i + 1, trace.n_batches)
-            _add(tables, before, run_op, hits, misses)
+            if split:
+                for j, t in enumerate(tables):
+                    for op, (h, m) in (_split_counts(t) or {}).items():
+                        hits[op][j], misses[op][j] = h, m
+            else:
+                _add(tables, before, run_op, hits, misses)
             db.close(flush=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)

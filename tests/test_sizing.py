@@ -264,3 +264,28 @@ def test_size_report_and_cli(tmp_path: Path) -> None:
     else:
         done = cli(tmp_path / "t", "--rows", "100", "--plot", tmp_path / "c.png")
         assert done.returncode == 0 and (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_table_trace_replays_exactly(tmp_path: Path) -> None:
+    """Table.trace(recorder) records what pull and lookup count; the unsampled replay gives
+    the real DRAM tier's pull and lookup hits and misses exactly."""
+    rng = np.random.default_rng(3)
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table(
+            "item", dim=8, admission=evdb.admission.Counter(min_count=2), ttl_steps=15,
+            dram_rows=120,
+        )  # fmt: skip
+        rec = KeyRecorder.for_table(t, tmp_path / "t", rate=1.0)
+        t.trace(rec)
+        for _ in range(80):
+            keys = (rng.zipf(1.15, 256) % 4000).astype(np.int64)
+            p = t.pull(keys)
+            t.push(p, np.zeros((p.keys.shape[0], 8), dtype=np.float32))
+            t.lookup(keys[:50])
+            db.advance()
+        t.trace(None)
+        rec.close()
+        real = t.stats()["tiers"]["dram"]
+    got = simulate(read_trace(tmp_path / "t", table=None), [120])
+    for op in ("pull", "lookup"):
+        assert (got.hits[op][0], got.misses[op][0]) == (real[f"{op}_hits"], real[f"{op}_misses"])
