@@ -111,14 +111,10 @@ class TableReads:
     def _reads_mutate(self) -> bool:
         """Whether a read would change the table's memory now, so must run alone (see
         ``evdb.locking.reading``): the top tier's index finishes a move into a bigger slot
-        table on the probes that meet it; the counts of the rows below merge expired steps
-        when the live floor rose (``StepCounts.live``). Both end with the first read that
-        does it. An HBM tier's reads go through the DRAM chain below it, whose index may be
-        moving too: they always run alone."""
-        if self._top.index_moving or self.config.hbm is not None:
-            return True
-        below = self._chain.below_steps
-        return below.track_steps and self._min_live() > below.floor
+        table on the probes that meet it (the first read that meets it ends it). An HBM
+        tier's reads go through the DRAM chain below it, whose index may be moving too: they
+        always run alone."""
+        return self._top.index_moving or self.config.hbm is not None
 
     def defaults(self, keys: Int64Array) -> Float32Array:
         """The value (n, dim) float32 keys without a row read."""

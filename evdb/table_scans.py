@@ -38,7 +38,10 @@ class TableScans(TableReads):
 
     @reading
     def count(self, *, step: int | None = None) -> int:
-        """Live rows at ``step`` (default ``db.step``): ``len(table)`` at another step."""
+        """Live rows at ``step`` (default ``db.step``): ``len(table)`` at another step. Exact
+        at any step from ``db.step`` on (a view of a publication counts at its own); at an
+        earlier one, rows below the top tier that had expired by ``db.step``'s last write
+        count as one group, live if that group's step is."""
         self._db.check_open()
         return self._chain.live_rows(self._min_live(step))
 

@@ -115,7 +115,7 @@ class TableUpkeep(TableScans):
         the admission's pending counts, the step counts of the rows below), which the
         database saves in its metadata and hands back to ``load_state`` on open."""
         self._chain.flush()
-        self._chain.below_steps.live(self._min_live())  # merges the expired steps' counts
+        self._chain.below_steps.raise_floor(self._min_live())  # merges the expired steps' counts
         state = self.meta.to_arrays(self._top.eviction_counts())
         for name, arr in self._admission.to_arrays().items():
             state[f"admission.{name}"] = arr

@@ -300,13 +300,6 @@ def test_rows_merge_keeps_the_newer_row_of_a_key() -> None:
     assert merged.holds(np.array([0, 3, 4, 6])).tolist() == [False, True, False, True]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Table.count(step=s) above db.step raises the rows-below step floor for good "
-    "(StepCounts.live merges the expired steps' counts, under a shared lock: _reads_mutate "
-    "judges at db.step), so a count at a lower step afterwards counts expired rows: two views "
-    "of one full at two steps, an old one still in flight, disagree with their records",
-)
 def test_views_at_two_steps_of_one_read_only_table_count_their_own_rows(tmp_path: Path) -> None:
     with evdb.open(tmp_path / "db") as db:
         t = db.create_table("t", dim=2, ttl_steps=2, dram_rows=8)

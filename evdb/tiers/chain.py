@@ -182,6 +182,7 @@ class TierChain:
     def evict(self, step: int, min_live: int, protect: Int64Array | None = None) -> None:
         """Bring the cache back to capacity: dirty live victims are written down (when the
         chain spills), clean ones dropped; the rest leave every tier."""
+        self.below_steps.raise_floor(min_live)  # the writers' clock: expired counts merge
         rows, expired = self.cache.choose_victims(step, min_live, protect)
         if rows.shape[0] == 0:
             return

@@ -49,16 +49,23 @@ class StepCounts:
         return sum(self.counts.values())
 
     def live(self, min_live: int) -> int:
-        """Rows with last_step >= min_live (min_live never decreases between calls)."""
+        """Rows with last_step >= min_live. A pure read: readers at any step (a view at a
+        publication's step) may ask at once; only ``raise_floor`` merges buckets."""
         if not self.track_steps:
             return self.total
-        if min_live > self.floor:
-            self.floor = min_live
-            old = [s for s in self.counts if s < min_live]
-            merged = sum(self.counts.pop(s) for s in old)
-            if merged:
-                self.counts[min_live - 1] = merged
         return sum(n for s, n in self.counts.items() if s >= min_live)
+
+    def raise_floor(self, min_live: int) -> None:
+        """The live floor of the table's own step rose to ``min_live`` (it never falls): the
+        buckets below it are expired for good and merge into one, so the map holds at most
+        ``ttl_steps + 2`` entries. Writers call it, holding the table alone."""
+        if not self.track_steps or min_live <= self.floor:
+            return
+        self.floor = min_live
+        old = [s for s in self.counts if s < min_live]
+        merged = sum(self.counts.pop(s) for s in old)
+        if merged:
+            self.counts[min_live - 1] = merged
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         return {

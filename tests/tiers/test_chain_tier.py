@@ -73,12 +73,15 @@ def test_put_beyond_the_cache_writes_victims_down_and_get_reads_both_levels(
     assert len(tier) == 100 and not tier.is_empty()
     order = np.random.default_rng(1).permutation(100)
     ask = np.concatenate([keys[order], [10**15]])
-    found, got = tier.get(ask)
+    found, got = tier.get_for(ask, "lookup")  # get, counted as a lookup's reads
     assert found.tolist() == [True] * 100 + [False]
     assert_same(got, recs.take(order))  # in the order asked, whichever level held each row
     s = tier.levels()
     assert list(s) == ["dram", "rocksdb"]
-    assert s["dram"]["hits"] + s["dram"]["misses"] == 101
+    assert s["dram"]["lookup_hits"] + s["dram"]["lookup_misses"] == 101
+    assert s["dram"]["pull_hits"] + s["dram"]["pull_misses"] == 0
+    reads = tier.chain.read_counts()["lookup"]
+    assert reads["dram"] + reads["rocksdb"] == 100 and reads["not_found"] == 1
     assert s["dram"]["written_back"] >= 90
 
 
