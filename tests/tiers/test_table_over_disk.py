@@ -1,4 +1,4 @@
-"""A table bigger than its DRAM tier: rows spill to RocksDB and come back, and no caller can
+"""A table bigger than its DRAM tier (moved from tests/test_tiers.py): rows spill to RocksDB and come back, and no caller can
 tell where a row is, except by speed (and by ``stats()``)."""
 
 from __future__ import annotations
