@@ -39,6 +39,7 @@ from evdb.view_sample import SampleCache
 
 from .codec import JSON, ApiError, dumps
 from .deps import settings_of, table_of, use_snapshot
+from .metrics import OPS
 from .openapi import error_responses
 from .schemas import Error
 from .snapshots import Snapshot, SnapshotHolder
@@ -76,7 +77,9 @@ class Summary(_Open):
     )
     tables: list[dict[str, Any]] = Field(
         description="Per table: name, dim, key_type, rows, ttl_steps, tiers (name, rows, "
-        "capacity, bytes, fill), stats (Table.stats())"
+        "capacity, bytes, fill), hit_rates (per cache tier, per operation: the share of the "
+        "keys asked of it that it held, or null), reads (per operation, the keys each tier "
+        "answered and not_found), found_rate (per operation), stats (Table.stats())"
     )
 
 
@@ -264,6 +267,31 @@ def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _rate(part: int, whole: int) -> float | None:
+    return None if whole == 0 else part / whole
+
+
+def hit_rates(stats: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Per cache tier (hbm, dram), the share of the keys asked of it that it held, for pulls
+    and lookups apart (None where it was asked nothing)."""
+    return {
+        name: {
+            op: _rate(level[f"{op}_hits"], level[f"{op}_hits"] + level[f"{op}_misses"])
+            for op in OPS
+        }
+        for name, level in stats["tiers"].items()
+        if "lookup_hits" in level
+    }
+
+
+def found_rates(reads: dict[str, dict[str, int]]) -> dict[str, float | None]:
+    """Per operation, the share of the keys read that some tier held (not ``not_found``)."""
+    return {
+        op: _rate(sum(by.values()) - by.get("not_found", 0), sum(by.values()))
+        for op, by in reads.items()
+    }
+
+
 def summary(snap: Snapshot, request: Request) -> dict[str, Any]:
     settings = settings_of(request)
     now = time.time()
@@ -301,6 +329,9 @@ def summary(snap: Snapshot, request: Request) -> dict[str, Any]:
                 "ttl_steps": t.config.ttl_steps,
                 "keeps_strings": t.keeps_strings,
                 "tiers": _tiers(stats),
+                "hit_rates": hit_rates(stats),
+                "reads": stats.get("reads", {}),
+                "found_rate": found_rates(stats.get("reads", {})),
                 "stats": stats,
             }
         )

@@ -5,7 +5,9 @@ table the snapshot has (anything else is ``""``) and the status code: never a ke
 client-chosen string, so a client cannot grow the number of series. Request counts and
 latencies are recorded by :class:`MetricsMiddleware` (plain ASGI: a ``BaseHTTPMiddleware``
 costs a task per request); table figures (rows, DRAM cache hits and misses) are read from
-``Table.stats()`` when Prometheus scrapes.
+``Table.stats()`` when Prometheus scrapes: ``evdb_reads_total{table, op, tier}`` (the keys
+each tier answered, ``tier="not_found"`` those none held, for ``op`` pull and lookup apart), and
+per cache tier ``evdb_tier_hits_total`` and ``evdb_tier_misses_total`` with the same labels.
 
 With several workers (``evdb serve --workers N``), prometheus-client's multiprocess mode keeps
 each process's counters and histograms in files that :meth:`Metrics.exposition` sums, so a
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from .snapshots import SnapshotHolder
 
 # Lookups answer in well under a millisecond from DRAM and in milliseconds from disk.
+OPS = ("pull", "lookup")  # the operations Table.stats() counts reads of, apart
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -130,6 +133,23 @@ class _TableCollector(Collector):
             "Keys not in the DRAM cache (read from RocksDB or absent), by table.",
             labels=by,
         )
+        reads = CounterMetricFamily(
+            "evdb_reads",
+            "Keys read, by table, operation (pull, lookup) and the tier that answered them "
+            "(hbm, dram, rocksdb; not_found: no tier held the key).",
+            labels=[*by, "op", "tier"],
+        )
+        tier_hits = CounterMetricFamily(
+            "evdb_tier_hits",
+            "Keys a cache tier (hbm, dram) held when asked, by table, tier and operation.",
+            labels=[*by, "tier", "op"],
+        )
+        tier_misses = CounterMetricFamily(
+            "evdb_tier_misses",
+            "Keys a cache tier (hbm, dram) did not hold when asked, by table, tier and "
+            "operation (asked of the tier below).",
+            labels=[*by, "tier", "op"],
+        )
         reloads = CounterMetricFamily(
             "evdb_snapshot_reloads", "Snapshots swapped in.", labels=by[1:]
         )
@@ -140,12 +160,21 @@ class _TableCollector(Collector):
                 for name, table in snap.tables.items():
                     stats = table.stats()
                     dram = stats["tiers"]["dram"]
-                    rows.add_metric([name, *self.worker], stats["rows"])
-                    hits.add_metric([name, *self.worker], dram["hits"])
-                    misses.add_metric([name, *self.worker], dram["misses"])
+                    labels = [name, *self.worker]
+                    rows.add_metric(labels, stats["rows"])
+                    hits.add_metric(labels, dram["hits"])
+                    misses.add_metric(labels, dram["misses"])
+                    for op, by_tier in stats.get("reads", {}).items():
+                        for tier, n in by_tier.items():
+                            reads.add_metric([*labels, op, tier], n)
+                    for tier, level in stats["tiers"].items():
+                        for op in OPS:
+                            if f"{op}_hits" in level:  # a cache level (hbm, dram)
+                                tier_hits.add_metric([*labels, tier, op], level[f"{op}_hits"])
+                                tier_misses.add_metric([*labels, tier, op], level[f"{op}_misses"])
             finally:
                 self.holder.release(snap)
-        yield from (rows, hits, misses, reloads)
+        yield from (rows, hits, misses, reads, tier_hits, tier_misses, reloads)
 
 
 class MetricsMiddleware:

@@ -68,7 +68,15 @@ function renderStatus(s) {
   );
 }
 
-function tierRow(t) {
+const pct = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)}%`);
+
+// A cache tier's hit rates (of the keys asked of it, lookups and pulls apart), or nothing.
+function hitText(rates) {
+  if (!rates) return "";
+  return ` · hit rate: lookups ${pct(rates.lookup)}, pulls ${pct(rates.pull)}`;
+}
+
+function tierRow(t, rates) {
   const bar = el("div", { cls: "bar" }, el("div"));
   let text;
   if (t.capacity) {
@@ -81,8 +89,9 @@ function tierRow(t) {
     bar.classList.add("unbounded");
     text = `${num(t.rows)} rows · ${bytes(t.bytes)} · no row limit`;
   }
-  return [el("b", { text: t.name }), bar,
-          el("span", { cls: "tier-text", "data-tier": t.name, text })];
+  const span = el("span", { cls: "tier-text", "data-tier": t.name, text: text + hitText(rates) });
+  if (rates) span.dataset.hitRate = JSON.stringify(rates);
+  return [el("b", { text: t.name }), bar, span];
 }
 
 function tableCard(t) {
@@ -95,7 +104,7 @@ function tableCard(t) {
        text: t.ttl_steps === null ? "none" : `${num(t.ttl_steps)} steps` })),
     el("span", {}, "admission ", el("b", { text: t.stats.admission.policy })));
   const tiers = el("div", { cls: "tiers" });
-  for (const tier of t.tiers) tiers.append(...tierRow(tier));
+  for (const tier of t.tiers) tiers.append(...tierRow(tier, (t.hit_rates || {})[tier.name]));
   const counters = el("div", { cls: "counters", "data-counters": t.name });
   const charts = el("div", { cls: "grid" });
   for (const [id, title] of [["hits", "DRAM hit rate and missing-key rate"],
@@ -381,7 +390,7 @@ async function refresh() {
         const card = document.querySelector(`[data-table="${CSS.escape(t.name)}"]`);
         card.querySelector('[data-stat="rows"]').textContent = num(t.rows);
         const tiers = card.querySelector(".tiers");
-        tiers.replaceChildren(...t.tiers.flatMap(tierRow));
+        tiers.replaceChildren(...t.tiers.flatMap((x) => tierRow(x, (t.hit_rates || {})[x.name])));
       }
       drawSeries();
     }
