@@ -58,14 +58,14 @@ from evdb.api.follow import Follower
 from evdb.api.snapshots import SnapshotHolder
 from evdb.config import DiskConfig
 from evdb.tiers import rocks
-from evdb.tiers import store as rocks_store
+from evdb.tiers import store_options as rocks_store
 
 WRITE_CHUNK = 65_536
 
 
 def raw_durable_write(path: Path, keys: np.ndarray, values: np.ndarray) -> float:
     """Seconds to write keys' records into a bare rocksdict store, flushed and fsynced."""
-    opts = rocks_store._options(
+    opts = rocks_store.rocks_options(
         DiskConfig().compression, rocksdict.Cache(rocks_store.BLOCK_CACHE_BYTES)
     )
     db = rocksdict.Rdict(str(path), opts)

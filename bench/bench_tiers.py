@@ -10,7 +10,7 @@ under ``--tmpdir``, so that file system is the disk measured):
   SST files. ``evdb``: ``Table.lookup(keys)`` of ``--batch`` distinct existing keys that the
   DRAM tier does not hold (checked with the DRAM tier's index; the timed calls' DRAM hits are
   counted and printed). ``raw``: a bare rocksdict database with the same options as evdb's
-  (``evdb.tiers.store._options(DiskConfig().compression, Cache(32 MiB))``: the default
+  (``evdb.tiers.store_options.rocks_options(DiskConfig().compression, Cache(32 MiB))``: the default
   compression, 16 MiB memtables, bloom filter
   of 10 bits per key, 32 MiB block cache), holding the same keys (``encode_keys``) with
   records of the same layout and bytes (``disk_dtype(dim, 0, "float32")``, same values),
@@ -109,7 +109,7 @@ import evdb
 from evdb.config import DiskConfig
 from evdb.database import WORKING
 from evdb.tiers import rocks
-from evdb.tiers import store as rocks_store
+from evdb.tiers import store_options as rocks_store
 
 TABLE = "bench"
 WRITE_CHUNK = 65_536  # rows per raw write batch, as evdb.tiers.store.RocksStore.write_rows
@@ -236,7 +236,7 @@ def raw_store(path: Path, mmap_reads: bool) -> rocksdict.Rdict:
     """A bare rocksdict database with evdb's options (and its own 32 MiB block cache)."""
     cache = rocksdict.Cache(rocks_store.BLOCK_CACHE_BYTES)
     return rocksdict.Rdict(
-        str(path), rocks_store._options(DiskConfig().compression, cache, mmap_reads)
+        str(path), rocks_store.rocks_options(DiskConfig().compression, cache, mmap_reads)
     )
 
 

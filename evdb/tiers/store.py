@@ -2,10 +2,11 @@
 
 The ``default`` column family keeps the database's metadata and each table's rows live in
 their own column family, named ``t.<table>`` (``evdb.tiers.rocks`` reads and writes them as
-records). This module owns the database itself: its options and memory budget, writes in
-batches with RocksDB's errors named (``StorageError`` for I/O, ``CorruptDataError`` for
-damage), the in-process recovery after an I/O error (a full disk), checkpoints, and the
-private "shadow" directories read-only opens work in.
+records). This module owns the database itself: writes in batches with RocksDB's errors
+named (``StorageError`` for I/O, ``CorruptDataError`` for damage), the in-process recovery
+after an I/O error (a full disk), and checkpoints. Its parts live beside it: the options and
+memory budget (``store_options``), the write log a recovery copies from (``store_log``) and
+the private "shadow" directories read-only opens work in (``store_shadows``).
 
 Writes skip RocksDB's write-ahead log: durability comes from the checkpoint that
 ``Database.flush`` takes (``RocksStore.checkpoint``), and after a crash the working copy is
@@ -18,44 +19,29 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import fcntl
-import itertools
 import os
 import shutil
-import tempfile
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import rocksdict
 
 from evdb.errors import CorruptDataError, EvdbError, StorageError
+from evdb.tiers import store_options
+from evdb.tiers.store_log import WriteLog
+from evdb.tiers.store_options import (
+    BLOCK_CACHE_BYTES,
+    WRITE_CHUNK,
+    Compression,
+    family_options,
+    rocks_options,
+)
+from evdb.tiers.store_shadows import ReadOnlyShadow
 
 __all__ = ["Compression", "RocksStore", "link_or_copy_tree", "rocks_error"]
-
-Compression = Literal["lz4", "zstd", "none"]
-
-_WRITE_CHUNK = 65536  # rows per write batch: bounds the batch's memory
-# Big puts stay on write batches, not SST files that RocksDB ingests: ingestion made db.flush()
-# of 1M sorted rows 1.2 -> 1.0 s, but rocksdict's SstFileWriter drops its files from the OS page
-# cache, so the next checkpoint's digests and any scan read them back from disk (a checkpoint
-# of 5M rows after their flush: 0.22 -> 4.9 s; Table.neighbors over rows on disk 480-590K/s ->
-# 400-425K/s).
-_COMPRESSION = {
-    "lz4": rocksdict.DBCompressionType.lz4,
-    "zstd": rocksdict.DBCompressionType.zstd,
-    "none": rocksdict.DBCompressionType.none,
-}
-
-
-# Memory RocksDB may use, whatever the table size: the shared block cache plus, per column
-# family, at most two memtables (the budget README's "Memory" section states).
-BLOCK_CACHE_BYTES = 32 << 20
-WRITE_BUFFER_BYTES = 16 << 20
 
 
 # The errno of an I/O error RocksDB reports as text (rocksdict raises a plain Exception).
@@ -67,13 +53,6 @@ _ERRNOS = {
     "Input/output error": errno.EIO,
     "Too many open files": errno.EMFILE,
 }
-# Keys a column family's write log takes, beyond twice its distinct keys, before they are
-# merged into one array of distinct keys (see RocksStore._log_write).
-_LOG_COMPACT = 1 << 18
-# Distinct keys a column family's write log holds (8 bytes each) before the family's
-# memtables are flushed to disk, which empties it: the log's memory stays bounded however
-# long a database goes between its own flushes.
-_LOG_FLUSH_KEYS = 1 << 23
 
 
 def rocks_error(path: Path, what: str, error: BaseException) -> EvdbError:
@@ -97,46 +76,6 @@ def rocks_error(path: Path, what: str, error: BaseException) -> EvdbError:
     return StorageError(code, f"{path}: {what}: {text}{advice}", str(path))
 
 
-def _distinct_keys(log: list[Any]) -> np.ndarray:
-    """The distinct 8-byte keys of a write log (lists of keys, or arrays of them), sorted,
-    as the numbers they spell big-endian (native uint64: sorting them is fast)."""
-    parts = [
-        p if isinstance(p, np.ndarray) else np.frombuffer(b"".join(p), ">u8").astype(np.uint64)
-        for p in log
-    ]
-    keys = np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
-    # (not np.unique: numpy 2.4's hashes, 10x slower than a sort here)
-    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if keys.shape[0] else keys
-
-
-def _options(
-    compression: Compression = "lz4", cache: Any = None, mmap_reads: bool = False
-) -> rocksdict.Options:
-    opts = rocksdict.Options(raw_mode=True)
-    # a database-wide option, read from the options the database itself is opened with
-    opts.set_allow_mmap_reads(mmap_reads)
-    opts.create_if_missing(True)
-    opts.create_missing_column_families(True)
-    opts.set_compression_type(_COMPRESSION[compression]())
-    opts.set_write_buffer_size(WRITE_BUFFER_BYTES)
-    opts.set_max_write_buffer_number(2)
-    opts.set_max_background_jobs(2)
-    # Eight L0 files (RocksDB's default: 4) before they are merged into the levels below: each
-    # merge then carries twice the rows over the same lower-level files, so a table that
-    # spills rewrites less. bench_tiers' spilling run (1,000 steps after 500): compaction
-    # writes 4.1 -> 2.7 GB and takes 10.3 -> 6.2 s of background time, which on 2 cores it
-    # took from the training step (12.4 -> 10.7-11.6 ms a step); the reads of DRAM misses
-    # probe more L0 files' bloom filters and still came out 5.0 -> 4.6-4.9 ms a step. 12
-    # files gained nothing more; writes slow down only from 20 (RocksDB's default).
-    opts.set_level_zero_file_num_compaction_trigger(8)
-    table = rocksdict.BlockBasedOptions()
-    table.set_bloom_filter(10, False)  # a miss (a key never spilled) costs no disk read
-    if cache is not None:
-        table.set_block_cache(cache)
-    opts.set_block_based_table_factory(table)
-    return opts
-
-
 def link_or_copy_tree(src: Path, dest: Path) -> None:
     """dest = a copy of the RocksDB files under src: table files (immutable) hard-linked, the
     small mutable ones (MANIFEST, CURRENT, OPTIONS, logs) copied."""
@@ -153,87 +92,6 @@ def link_or_copy_tree(src: Path, dest: Path) -> None:
             except OSError:  # another file system: copy instead
                 pass
         shutil.copy2(entry.path, target)
-
-
-_SHADOW_PREFIX = "evdb-ro-"
-_SHADOW_OWNER = ".evdb-owner"  # flock'ed by the process that uses the shadow, while it lives
-# Linux's per-process links to open descriptors: opening one opens the very file the
-# descriptor holds, even after its name is gone (None where there are none: plain links)
-_FD_LINKS = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
-
-
-def _shadow(src: Path) -> tuple[Path, int, list[int]]:
-    """A private directory that RocksDB can open read-only in place of src: a symbolic link
-    to each of src's files, except rocksdict's own config file, which is copied (rocksdict
-    writes it on every open; through a link it would rewrite the snapshot's copy). Whatever
-    RocksDB or rocksdict write (the config, an info LOG) lands in the shadow, which
-    ``RocksStore.close`` removes. Links, not hard links: the snapshot may be on another file
-    system or not writable.
-
-    The snapshot is pinned: each of its files is opened here, and the link points at the
-    open descriptor (``/proc/self/fd/N``), not at the name. A writer's flush removes the
-    previous checkpoint directory while readers may be opening it; a pinned file stays
-    readable, so the reader sees the snapshot it chose, whole, for as long as it is open.
-    src gone before its files are all held raises ``CorruptDataError`` (the caller may try
-    the checkpoint that replaced it).
-
-    Returns the shadow, the descriptor of its owner lock, held until the shadow is removed,
-    and the pins; shadows whose process died first are removed here."""
-    if not src.is_dir():
-        raise CorruptDataError(f"{src}: RocksDB directory is missing")
-    _sweep_dead_shadows()
-    shadow = Path(tempfile.mkdtemp(prefix=_SHADOW_PREFIX))
-    owner = -1
-    pins: list[int] = []
-    try:
-        # locked before it gets its name, so a sweep never finds it unlocked
-        owner = os.open(shadow / f"{_SHADOW_OWNER}.new", os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(owner, fcntl.LOCK_EX)
-        os.rename(shadow / f"{_SHADOW_OWNER}.new", shadow / _SHADOW_OWNER)
-        for entry in os.scandir(src):
-            target = shadow / entry.name
-            if entry.name == "rocksdict-config.json":
-                shutil.copyfile(entry.path, target)
-            elif _FD_LINKS is None:
-                os.symlink(os.path.abspath(entry.path), target)
-            else:
-                # (O_NONBLOCK: a FIFO planted there fails RocksDB's open, never hangs this one)
-                pins.append(os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
-                os.symlink(f"{_FD_LINKS}/{pins[-1]}", target)
-    except FileNotFoundError as e:  # removed (by a writer's flush) while being pinned
-        _remove_shadow_dir(shadow, owner, pins)
-        raise CorruptDataError(f"{src}: RocksDB directory is missing ({e})") from e
-    except BaseException:
-        _remove_shadow_dir(shadow, owner, pins)
-        raise
-    return shadow, owner, pins
-
-
-def _remove_shadow_dir(shadow: Path, owner: int, pins: list[int] | None = None) -> None:
-    shutil.rmtree(shadow, ignore_errors=True)
-    for fd in pins or ():
-        os.close(fd)
-    if owner >= 0:
-        os.close(owner)  # after the removal: a sweep never sees a live shadow unlocked
-
-
-def _sweep_dead_shadows() -> None:
-    """Remove the shadows left by processes that died with a read-only store open (kill -9,
-    a crash: no close, no exit handler), which would otherwise pile up in the temporary
-    directory, one per crashed server. A live process holds its shadow's owner lock; the
-    kernel lets go of it when the process dies, in any PID namespace sharing the directory.
-    A shadow without the lock file (being made, or from an older evdb) is left alone."""
-    for path in Path(tempfile.gettempdir()).glob(f"{_SHADOW_PREFIX}*"):
-        try:
-            fd = os.open(path / _SHADOW_OWNER, os.O_RDWR)
-        except OSError:  # no lock file, not ours to open, or just removed
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # its process is alive
-            os.close(fd)
-            continue
-        _remove_shadow_dir(path, fd)
 
 
 class RocksStore:
@@ -260,23 +118,15 @@ class RocksStore:
             rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
         )
         # rocksdict rewrites its rocksdict-config.json on every open, read-only included, so a
-        # read-only open goes through a private shadow of links (see _shadow): the snapshot
-        # itself keeps every byte and mtime, and any number of processes may open it at once.
-        self._shadow: Path | None = None
-        self._shadow_cleanup: weakref.finalize[Any, Any] | None = None
-        if read_only:
-            self._shadow, owner, pins = _shadow(self.path)
-            # a store never closed still removes its shadow, when collected or at exit
-            self._shadow_cleanup = weakref.finalize(
-                self, _remove_shadow_dir, self._shadow, owner, pins
-            )
+        # read-only open goes through a private shadow of links (see store_shadows): the
+        # snapshot itself keeps every byte and mtime, and any number of processes may open it
+        # at once. A store never closed still removes its shadow, when collected or at exit.
+        self._shadow = ReadOnlyShadow(self.path) if read_only else None
         try:
             self.db = rocksdict.Rdict(
-                str(self.path if self._shadow is None else self._shadow),
-                _options("none", self._cache, mmap_reads),  # default family: metadata only
-                column_families={
-                    name: _options(c, self._cache) for name, c in self._compression.items()
-                },
+                str(self.path if self._shadow is None else self._shadow.path),
+                rocks_options("none", self._cache, mmap_reads),  # default family: metadata only
+                column_families=family_options(self._compression, self._cache),
                 access_type=access,
             )
         except Exception as e:  # rocksdict raises plain Exception for corruption and I/O
@@ -291,8 +141,7 @@ class RocksStore:
         # Writes skip the WAL, so what RocksDB's memtables hold exists nowhere else until they
         # are flushed: per column family ("default": metadata), the keys of the writes they
         # may still hold, oldest first (see _log_write), which _recover copies over.
-        self._log: dict[str, list[Any]] = {}  # lists of keys, or arrays of distinct ones
-        self._log_rows: dict[str, int] = {}
+        self._log = WriteLog()
         self._failed: StorageError | None = None  # the I/O error that stopped RocksDB
         self._mmap_reads = mmap_reads
         self._closed = False
@@ -319,7 +168,7 @@ class RocksStore:
         if name not in self._compression:
             self._resume()
             try:
-                self.db.create_column_family(name, _options(compression, self._cache))
+                self.db.create_column_family(name, rocks_options(compression, self._cache))
             except Exception as e:
                 raise self._error("RocksDB cannot create a column family", e) from e
             self._compression[name] = compression
@@ -339,8 +188,7 @@ class RocksStore:
             except Exception as e:
                 raise self._error("RocksDB cannot drop a column family", e) from e
             del self._compression[name]
-            self._log.pop(name, None)
-            self._log_rows.pop(name, None)
+            self._log.forget(name)
 
     @property
     def column_families(self) -> dict[str, Compression]:
@@ -348,21 +196,21 @@ class RocksStore:
 
     def write_rows(self, name: str, keys: list[bytes], values: list[bytes] | None) -> None:
         """Put (or, with values None, delete) rows of a column family, in write batches of
-        ``_WRITE_CHUNK`` rows. Up to that many rows are written whole or not at all; a
+        ``WRITE_CHUNK`` rows. Up to that many rows are written whole or not at all; a
         ``StorageError`` after more says how many were written (the first ones)."""
         self._resume()
         self._log_write(name, keys)
-        for start in range(0, len(keys), _WRITE_CHUNK):
+        for start in range(0, len(keys), WRITE_CHUNK):
 
             def batch(start: int = start) -> rocksdict.WriteBatch:
                 batch = rocksdict.WriteBatch(raw_mode=True)
                 batch.set_default_column_family(self.db.get_column_family_handle(name))
-                chunk = keys[start : start + _WRITE_CHUNK]
+                chunk = keys[start : start + WRITE_CHUNK]
                 if values is None:  # deque(map(...)) runs the calls in C, not a Python loop
                     collections.deque(map(batch.delete, chunk), maxlen=0)
                 else:
                     collections.deque(
-                        map(batch.put, chunk, values[start : start + _WRITE_CHUNK]), maxlen=0
+                        map(batch.put, chunk, values[start : start + WRITE_CHUNK]), maxlen=0
                     )
                 return batch
 
@@ -422,7 +270,7 @@ class RocksStore:
             delay = min(2 * delay, 0.05)
             if prop("background-errors") > errors:
                 st = os.statvfs(self.path)
-                full = st.f_bavail * st.f_frsize < 2 * WRITE_BUFFER_BYTES
+                full = st.f_bavail * st.f_frsize < 2 * store_options.WRITE_BUFFER_BYTES
                 why = "No space left on device" if full else "a background job failed"
                 self._failed = StorageError(
                     errno.ENOSPC if full else errno.EIO,
@@ -448,7 +296,6 @@ class RocksStore:
             shutil.rmtree(dest.with_name(dest.name + ".tmp"), ignore_errors=True)
             raise self._error(f"RocksDB checkpoint {dest} failed", e) from e
         self._log.clear()  # the checkpoint flushed every memtable: nothing left to lose
-        self._log_rows.clear()
 
     # -- I/O errors and recovery ----------------------------------------------------------
     def _error(self, what: str, e: BaseException) -> EvdbError:
@@ -460,28 +307,13 @@ class RocksStore:
         return error
 
     def _log_write(self, name: str, keys: list[bytes]) -> None:
-        """Note the keys of a write (before it is tried: a failed one may be applied).
-
-        The log keeps every key written since the last checkpoint, which flushes the
-        memtables and clears it. (What the memtables hold is not the only thing to keep: a
-        flush that RocksDB installed but failed to record on disk is lost to a reopen too.)
-        A table's log is merged into one array of distinct keys as it grows: its memory is
-        8 bytes per distinct key written since the last flush, plus at most ``_LOG_COMPACT``
-        keys as they came."""
+        """Note the keys of a write in the write log (before it is tried: a failed one may
+        be applied), first flushing the family's memtables if its log is full."""
         if self.read_only:
             return
-        log = self._log.setdefault(name, [])
-        distinct = log[0].shape[0] if log and isinstance(log[0], np.ndarray) else 0
-        if distinct > _LOG_FLUSH_KEYS:  # (before this write is tried: it is not logged yet)
+        if self._log.is_full(name):  # (before this write is tried: it is not logged yet)
             self._flush_family(name)
-            log = self._log.setdefault(name, [])
-        log.append(keys)
-        rows = self._log_rows.get(name, 0) + len(keys)
-        distinct = log[0].shape[0] if isinstance(log[0], np.ndarray) else 0
-        if name != "default" and rows > 2 * distinct + _LOG_COMPACT:
-            log[:] = [_distinct_keys(log)]
-            rows = log[0].shape[0]
-        self._log_rows[name] = rows
+        self._log.note(name, keys)
 
     def _flush_family(self, name: str) -> None:
         """Flush a column family's memtables to disk and empty its write log: once RocksDB
@@ -491,8 +323,7 @@ class RocksStore:
             self.db.get_column_family(name).flush(True)
         except Exception as e:
             raise self._error(f"RocksDB flush of {name} failed", e) from e
-        del self._log[name]
-        self._log_rows.pop(name, None)
+        self._log.forget(name)
 
     def _resume(self) -> None:
         """Make a store that an I/O error stopped writable again, or raise ``StorageError``.
@@ -540,7 +371,6 @@ class RocksStore:
             raise
         self._close_db()
         self._log.clear()  # fresh holds it all, flushed
-        self._log_rows.clear()
         self._moved = True
         shutil.rmtree(self.path)  # (a crash now: the open recreates it from the checkpoint)
         os.replace(fresh, self.path)
@@ -552,51 +382,20 @@ class RocksStore:
         each column family and close it; raises if any step fails."""
         db = rocksdict.Rdict(
             str(fresh),
-            _options("none", self._cache),
-            column_families={n: _options(c, self._cache) for n, c in self._compression.items()},
+            rocks_options("none", self._cache),
+            column_families=family_options(self._compression, self._cache),
         )
-        handles: list[rocksdict.Rdict] = []
         try:
-            for name in ["default", *self._compression]:
-                if name == "default":
-                    src, dst = self.db, db
-                else:
-                    src, dst = self.db.get_column_family(name), db.get_column_family(name)
-                    handles += [src, dst]
-                log = self._log.get(name, [])
-                if name == "default":  # metadata: a few names of any length
-                    keys: list[Any] = sorted(set(itertools.chain(*log)))
-                else:  # rows: 8-byte keys, millions maybe
-                    keys = _distinct_keys(log).astype(">u8").view("V8").tolist()  # bytes again
-                target = dst.get_column_family_handle(name) if name != "default" else None
-                for start in range(0, len(keys), _WRITE_CHUNK):
-                    chunk = keys[start : start + _WRITE_CHUNK]
-                    batch = rocksdict.WriteBatch(raw_mode=True)
-                    if target is not None:
-                        batch.set_default_column_family(target)
-                    got: list[Any] = src.get(chunk) or []
-                    for key, value in zip(chunk, got, strict=True):
-                        if value is None:
-                            batch.delete(key)
-                        else:
-                            batch.put(key, value)
-                    db.write(batch, self._write)
-                dst.flush()
+            self._log.copy_rows(self.db, db, list(self._compression), self._write)
         finally:
-            for handle in handles:
-                with contextlib.suppress(Exception):
-                    handle.close()
-            del handles
             db.close()
 
     def _open_db(self) -> rocksdict.Rdict:
         try:
             return rocksdict.Rdict(
                 str(self.path),
-                _options("none", self._cache, self._mmap_reads),
-                column_families={
-                    name: _options(c, self._cache) for name, c in self._compression.items()
-                },
+                rocks_options("none", self._cache, self._mmap_reads),
+                column_families=family_options(self._compression, self._cache),
             )
         except Exception as e:
             raise self._error("RocksDB cannot reopen after an I/O error", e) from e
@@ -644,8 +443,8 @@ class RocksStore:
             raise rocks_error(self.path, "RocksDB close failed", error) from error
 
     def _remove_shadow(self) -> None:
-        if self._shadow_cleanup is not None:
-            self._shadow_cleanup()  # removes it, once
+        if self._shadow is not None:
+            self._shadow.remove()
             self._shadow = None
 
     def compact_range(self, column_family: str | None = None) -> None:

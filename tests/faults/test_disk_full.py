@@ -18,6 +18,8 @@ import pytest
 
 import evdb
 import evdb.tiers.store
+import evdb.tiers.store_log
+import evdb.tiers.store_options
 from evdb.errors import StorageError
 from tests.faults.conftest import Disk
 
@@ -34,8 +36,8 @@ def small_memtables(monkeypatch: pytest.MonkeyPatch) -> None:
     disk) after a few batches instead of thousands. The write log (the keys a recovery
     copies) is merged into distinct keys every 2,000 keys instead of 262,144, so the tests
     also check that merging keeps every key."""
-    monkeypatch.setattr(evdb.tiers.store, "WRITE_BUFFER_BYTES", 64 << 10)
-    monkeypatch.setattr(evdb.tiers.store, "_LOG_COMPACT", 2_000)
+    monkeypatch.setattr(evdb.tiers.store_options, "WRITE_BUFFER_BYTES", 64 << 10)
+    monkeypatch.setattr(evdb.tiers.store_log, "_LOG_COMPACT", 2_000)
 
 
 class Model:
@@ -173,7 +175,7 @@ def test_a_write_log_kept_small_by_memtable_flushes_still_loses_nothing(
     """The write log is emptied by flushing a family's memtables once it holds
     ``_LOG_FLUSH_KEYS`` keys (its memory stays bounded between the database's flushes); a
     recovery then starts from those flushed files, and must still lose nothing."""
-    monkeypatch.setattr(evdb.tiers.store, "_LOG_FLUSH_KEYS", 3_000)
+    monkeypatch.setattr(evdb.tiers.store_log, "_LOG_FLUSH_KEYS", 3_000)
     flushes = []
     real = evdb.tiers.store.RocksStore._flush_family
 
