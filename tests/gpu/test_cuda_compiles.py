@@ -2,8 +2,9 @@
 
 nvcc compiles exactly the text that ``evdb.kernels.gpu`` hands to NVRTC (headers pasted in)
 to PTX for sm_80 (A100) and sm_90 (H100/H200) with warnings as errors; then the names that
-``gpu.py`` passes to ``_kernel(...)`` must each be an ``.entry`` of their source's PTX, so a
-typo in a name fails here rather than on the first GPU run. Skipped where nvcc is missing.
+the modules of ``evdb/kernels/gpu/`` pass to ``cuda_kernel(...)`` must each be an ``.entry``
+of their source's PTX, so a typo in a name fails here rather than on the first GPU run.
+Skipped where nvcc is missing.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(")
 
 
 def launched_kernels() -> set[tuple[str, str]]:
-    """(source, name) of every ``_kernel("source", "name")`` call in gpu.py."""
-    tree = ast.parse(Path(gpu.__file__).read_text(encoding="utf-8"))
+    """(source, name) of every ``cuda_kernel("source", "name")`` call in evdb/kernels/gpu/."""
     found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_kernel":
-            args = [a.value for a in node.args if isinstance(a, ast.Constant)]
-            assert len(args) == 2, f"gpu.py line {node.lineno}: _kernel takes two literals"
-            found.add((args[0], args[1]))
+    for path in sorted(Path(gpu.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "cuda_kernel":
+                args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                where = f"{path.name} line {node.lineno}"
+                assert len(args) == 2, f"{where}: cuda_kernel takes two literals"
+                found.add((args[0], args[1]))
     return found
 
 
@@ -65,7 +68,7 @@ def test_every_launched_kernel_is_an_entry_of_its_source(ptx: dict) -> None:
         for source, name in sorted(launched)
         if name not in ENTRY.findall(ptx[source])
     ]
-    assert not missing, f"gpu.py launches kernels the sources do not define: {missing}"
+    assert not missing, f"evdb/kernels/gpu launches kernels the sources do not define: {missing}"
 
 
 def test_every_entry_is_launched(ptx: dict) -> None:
