@@ -3,7 +3,9 @@
 Routes (``/docs`` has them all, generated from ``schemas``):
 
 - ``/v1/tables``, ``/v1/tables/{name}``, ``POST /v1/tables/{name}/lookup`` (JSON or bytes)
-- ``/v2/...``: the KServe v2 / Open Inference Protocol, a table being a model
+- ``/v2/...``: the KServe v2 / Open Inference Protocol, a table being a model, with Triton's
+  ``/v2/repository/index`` and ``/v2/models/{name}/config``; the same protocol over gRPC on
+  ``Settings.grpc_port`` (``grpc_service``; ``app.state.grpc_port`` is the port bound)
 - ``POST /v1/tables/{name}/neighbors``: exact nearest neighbours (``Table.neighbors``)
 - ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus, ``evdb_*``)
 - ``/dashboard`` and its JSON under ``/v1/dashboard`` (unless ``Settings.dashboard`` is off)
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -85,10 +87,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             checked = published is not None or settings.path_verified
             holder.swap(await run_in_threadpool(holder.load, start, verify=not checked))
             holder.reloads = 0
-        if settings.dashboard:
-            async with app.state.sampler.running():
-                yield
-        else:
+        async with AsyncExitStack() as stack:
+            if settings.grpc_port is not None:  # the v2 gRPC protocol beside HTTP
+                from .grpc_service import start as start_grpc  # grpc: imported when used
+
+                server, app.state.grpc_port = await start_grpc(app, settings)
+                stack.push_async_callback(server.stop, 1.0)
+            if settings.dashboard:
+                await stack.enter_async_context(app.state.sampler.running())
             yield
         holder.close()
 

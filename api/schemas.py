@@ -136,6 +136,35 @@ class ModelMetadata(BaseModel):
     outputs: list[TensorMetadata]
 
 
+class ConfigTensor(BaseModel):
+    name: str
+    data_type: str = Field(description="Triton's TYPE_* (TYPE_INT64, TYPE_STRING, TYPE_FP32…)")
+    dims: list[int] = Field(description="-1: any size (max_batch_size is 0: the whole shape)")
+
+
+class ModelConfig(BaseModel):
+    """Triton's model configuration (``model_config.proto``), as its HTTP API gives it."""
+
+    name: str
+    platform: str
+    backend: str
+    version_policy: dict[str, Any]
+    max_batch_size: int
+    input: list[ConfigTensor]
+    output: list[ConfigTensor]
+
+
+class RepositoryIndexRequest(_Strict):
+    ready: bool | None = Field(default=None, description="Only the models ready to serve.")
+
+
+class RepositoryModel(BaseModel):
+    name: str
+    version: str
+    state: str = Field(description="READY for every table of the snapshot served")
+    reason: str
+
+
 class Live(BaseModel):
     live: bool
 

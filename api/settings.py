@@ -19,6 +19,9 @@ variable                   meaning
 ``EVDB_DASHBOARD``         ``0``: no ``/dashboard`` page and no ``/v1/dashboard`` routes
 ``EVDB_SAMPLE_INTERVAL_S`` seconds between the dashboard's samples of the metrics (default 5)
 ``EVDB_MAX_SCAN_ROWS``     the largest table a neighbours query scans (default 2,000,000)
+``EVDB_GRPC_PORT``         serve the KServe v2 gRPC protocol on this port too (0: a free
+                           one; default: no gRPC), beside HTTP, from the same snapshot
+``EVDB_GRPC_HOST``         the address gRPC binds (default 127.0.0.1)
 ``EVDB_WORKERS``           worker processes ``evdb serve`` started (shown on the dashboard)
 ``EVDB_PATH_VERIFIED``     ``1``: ``EVDB_PATH``'s checksums were checked (by ``evdb serve``,
                            once for all its workers), so workers do not read them again
@@ -58,12 +61,16 @@ class Settings:
     sample_interval_s: float = 5.0
     max_scan_rows: int = DEFAULT_MAX_SCAN_ROWS
     workers: int = 1
+    grpc_port: int | None = None
+    grpc_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.max_keys < 1:
             raise ValueError(f"max_keys must be at least 1, got {self.max_keys}")
         if not self.sample_interval_s > 0:
             raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
+        if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
+            raise ValueError(f"grpc_port must be in [0, 65535], got {self.grpc_port}")
         if self.max_scan_rows < 1:
             raise ValueError(f"max_scan_rows must be at least 1, got {self.max_scan_rows}")
 
@@ -108,4 +115,6 @@ def get_settings() -> Settings:
         sample_interval_s=float(env.get("EVDB_SAMPLE_INTERVAL_S", "5")),
         max_scan_rows=int(env.get("EVDB_MAX_SCAN_ROWS", DEFAULT_MAX_SCAN_ROWS)),
         workers=int(env.get("EVDB_WORKERS", "1")),
+        grpc_port=int(env["EVDB_GRPC_PORT"]) if env.get("EVDB_GRPC_PORT") else None,
+        grpc_host=env.get("EVDB_GRPC_HOST", "127.0.0.1"),
     )

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request, Response
 
 import evdb
 
+from .. import models
 from ..codec import (
     INFER_HEADER,
     JSON,
@@ -26,6 +27,7 @@ from ..codec import (
     decode_keys,
     dumps,
     encode_outputs,
+    parse_json,
     read_body,
     short,
     split_infer_body,
@@ -40,9 +42,12 @@ from ..schemas import (
     InferRequest,
     InferResponse,
     Live,
+    ModelConfig,
     ModelMetadata,
     ModelReady,
     Ready,
+    RepositoryIndexRequest,
+    RepositoryModel,
     ServerMetadata,
 )
 from ..snapshots import VERSION_HEADER, Snapshot
@@ -85,19 +90,38 @@ async def model_metadata(model: str, request: Request, version: str | None = Non
     with use_snapshot(request) as snap:
         table = table_of(snap, model)
         _check_version(snap, version)
-        keys = "INT64" if table.config.key_type == "int64" else "BYTES"
-        return _json(
-            {
-                "name": model,
-                "versions": [snap.version],
-                "platform": "evdb",
-                "inputs": [{"name": "keys", "datatype": keys, "shape": [-1]}],
-                "outputs": [
-                    {"name": "embeddings", "datatype": "FP32", "shape": [-1, table.dim]},
-                    {"name": "found", "datatype": "BOOL", "shape": [-1]},
-                ],
-            }
-        )
+        return _json(models.metadata(snap, model, table))
+
+
+@router.get("/models/{model}/config", response_model=ModelConfig, responses=ERRORS)
+@router.get(
+    "/models/{model}/versions/{version}/config", response_model=ModelConfig, responses=ERRORS
+)
+async def model_config(model: str, request: Request, version: str | None = None) -> Response:
+    """The model's configuration as Triton gives it (``model_config.proto`` as JSON)."""
+    with use_snapshot(request) as snap:
+        table = table_of(snap, model)
+        _check_version(snap, version)
+        return _json(models.config(model, table))
+
+
+@router.post("/repository/index", response_model=list[RepositoryModel], responses=ERRORS)
+@router.get("/repository/index", response_model=list[RepositoryModel], responses=ERRORS)
+async def repository_index(request: Request) -> Response:
+    """Triton's repository index: every table as a model, ``{name, version, state, reason}``.
+    A POST may carry ``{"ready": true}`` (Triton's filter; every model served is ready)."""
+    if request.method == "POST":
+        body = await read_body(request, 1 << 16)
+        if body.strip():
+            body_type(request, JSON)
+            validate(RepositoryIndexRequest, parse_json(body))
+    holder = holder_of(request)
+    snap = holder.acquire()
+    try:
+        return _json(models.repository_index(snap))
+    finally:
+        if snap is not None:
+            holder.release(snap)
 
 
 @router.get("/models/{model}/ready", response_model=ModelReady, responses=ERRORS)
