@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import threading
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,7 +48,6 @@ from evdb.optim import SGD, Optimizer
 from evdb.storage import CHECKPOINTS, POINTER, WORKING, Metadata, Storage
 from evdb.table import Table
 from evdb.tiers.hbm import require_device
-from evdb.tiers.store import RocksStore
 
 if TYPE_CHECKING:
     from evdb.publish import Publisher
@@ -111,7 +109,6 @@ class Database:
         self._tables: dict[str, Table] = {}
         self._dropped: set[str] = set()
         self._step = 0
-        self._reads_at = threading.local()  # read_at's per-thread step
         self._publisher: Publisher | None = None
         self.storage = Storage(self.path, read_only=read_only, mmap_reads=mmap_reads)
         """The directory, its checkpoints and the RocksDB store (``evdb.storage``)."""
@@ -186,12 +183,6 @@ class Database:
             except (KeyError, TypeError, ValueError) as e:
                 raise CorruptDataError(f"{self.path}: table {name!r} cannot be loaded ({e})") from e
             self._tables[name] = table
-
-    @property
-    def _store(self) -> RocksStore:
-        # Temporary, for tests/test_table_stateful.py (crash: db.close(flush=False)) and
-        # tests/test_hbm.py (db.storage.column_families) until they use the public names.
-        return self.storage.store
 
     def _new_table(self, name: str, config: TableConfig) -> Table:
         """Table name over its column families in the store (created if missing)."""
@@ -346,19 +337,9 @@ class Database:
     # -- the global step ------------------------------------------------------------------
     @property
     def step(self) -> int:
-        """The global step: the trainer's clock for TTL and LFU ageing (read-only, the step
-        this thread reads at, if ``read_at`` set one)."""
-        return getattr(self._reads_at, "step", self._step)
-
-    def read_at(self, step: int) -> None:
-        """Read-only: this thread's reads judge TTL at ``step`` from now on (a server's views of
-        publications share one database, each at its own step; a thread-local step keeps two
-        requests on two views from judging at each other's)."""
-        if not self.read_only:
-            raise ReadOnlyError(
-                f"database {self.path} is open for writing; advance() moves its step"
-            )
-        self._reads_at.step = int(step)
+        """The global step: the trainer's clock for TTL and LFU ageing (read-only; a reader
+        judges TTL at another step by passing ``step=`` to a table's reads)."""
+        return self._step
 
     @exclusive
     def advance(self, n: int = 1) -> int:

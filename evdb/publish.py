@@ -88,7 +88,6 @@ __all__ = [
     "publication_dir",
     "publish",
     "read_head",
-    "serve_at",
     "write_delta",
     "write_full_rows",
 ]
@@ -329,12 +328,3 @@ def write_delta(tmp: Path, tables: dict[str, Table], entries: dict[str, Any]) ->
         total_rows += int(keys.shape[0])
         total_removed += len(gone)
     return total_rows, total_removed
-
-
-def serve_at(db: Database, step: int) -> None:
-    """Make this thread's reads of a read-only database judge TTL at a publication's step
-    (``step`` of its manifest): a server's TTL verdicts are then the trainer's at that
-    publication. Per thread (``Database.read_at``): views of one full share its database."""
-    if not db.read_only:
-        raise InvalidArgumentError(f"db: {db.path} is open for writing; advance() moves its step")
-    db.read_at(step)

@@ -74,8 +74,8 @@ def test_a_full_publication_is_a_serving_snapshot_keeping_ttl(tmp_path: Path) ->
         served = snap.table("item")
         assert served.config.ttl_steps == 4 and len(served) == 120
         np.testing.assert_array_equal(served.lookup(np.arange(130)), want)
-        _publish.serve_at(snap, 5)  # the rows written at step 0 expire at step 5, as trained
-        assert served.contains([0, 59, 60]).tolist() == [False, False, True]
+        # the rows written at step 0 expire at step 5, as trained
+        assert served.contains([0, 59, 60], step=5).tolist() == [False, False, True]
 
 
 def test_a_delta_reads_no_scan_and_is_a_sliver_of_the_full(tmp_path: Path, monkeypatch) -> None:

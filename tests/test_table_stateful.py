@@ -230,8 +230,7 @@ class TableMachine(RuleBasedStateMachine):
     @rule()
     def crash(self) -> None:
         """The process stops with no flush: reopening gives the last flush, exactly."""
-        self.db._store.close()
-        self.db._release()
+        self.db.close(flush=False)
         self.db = evdb.open(self.dir)
         self.t = self.db.table("t")
         self.rows, self.pending, self.step, self.evicted = copy.deepcopy(self.flushed)

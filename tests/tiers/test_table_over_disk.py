@@ -1,5 +1,5 @@
-"""A table bigger than its DRAM tier (moved from tests/test_tiers.py): rows spill to RocksDB and come back, and no caller can
-tell where a row is, except by speed (and by ``stats()``)."""
+"""A table bigger than its DRAM tier: rows spill to RocksDB and come back, and no caller can
+tell where a row is, except by speed (and by ``stats()``, ``resident``)."""
 
 from __future__ import annotations
 

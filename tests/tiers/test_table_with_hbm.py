@@ -206,7 +206,7 @@ def test_a_cuda_device_without_a_gpu_path_is_refused_and_nothing_is_created(
     assert "cupy" in str(caught.value) or "not available yet" in str(caught.value)
     with pytest.raises(evdb.ConfigError, match="device=1"):
         db.create_table("gpu", dim=DIM, hbm_rows=16, device=1)
-    assert db.tables() == [] and not any("gpu" in cf for cf in db._store.column_families)
+    assert db.tables() == [] and not any("gpu" in cf for cf in db.storage.column_families)
     db.flush()
 
 
