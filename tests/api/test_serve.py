@@ -19,10 +19,16 @@ KEYS = np.array([-1000, 5, 1093], dtype=np.int64)
 def server(snapshots, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    grpc_port = serve_process.free_port()  # every worker binds it (SO_REUSEPORT)
     proc, url, port = serve_process.start(
-        str(snapshots[0]), "--workers", "2", "--token-file", str(token_file)
+        str(snapshots[0]),
+        "--workers",
+        "2",
+        "--token-file",
+        str(token_file),
+        env={"EVDB_GRPC_PORT": str(grpc_port)},
     )
-    yield url, port
+    yield url, port, grpc_port
     code, out = serve_process.stop(proc)
     if code is None:
         pytest.fail(f"evdb serve did not stop on SIGINT: {out[-2000:]}")
@@ -35,7 +41,7 @@ def _expected(path) -> np.ndarray:
 
 
 def test_serve_answers_then_reloads_every_worker(server, snapshots) -> None:
-    url, port = server
+    url, port, grpc_port = server
     want = [_expected(p) for p in snapshots]
     r = httpx.post(f"{url}/v1/tables/item/lookup", json={"keys": KEYS.tolist()})
     np.testing.assert_array_equal(np.array(r.json()["embeddings"], np.float32), want[0])
@@ -53,6 +59,15 @@ def test_serve_answers_then_reloads_every_worker(server, snapshots) -> None:
     zipped = client.infer("item", [keys], outputs=outputs, request_compression_algorithm="gzip")
     np.testing.assert_array_equal(zipped.as_numpy("embeddings"), want[0])
     client.close()
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    for _ in range(4):  # a new channel each time: either worker may answer
+        g = grpcclient.InferenceServerClient(url=f"127.0.0.1:{grpc_port}")
+        keys = grpcclient.InferInput("keys", [len(KEYS)], "INT64")
+        keys.set_data_from_numpy(KEYS)
+        result = g.infer("item", [keys])
+        np.testing.assert_array_equal(result.as_numpy("embeddings"), want[0])
+        assert result.as_numpy("found").tolist() == [True, False, True]
+        g.close()
 
     auth = {"authorization": f"Bearer {TOKEN}"}
     r = httpx.post(f"{url}/v1/admin/reload", json={"path": str(snapshots[1])}, headers=auth)
@@ -70,4 +85,5 @@ def test_serve_answers_then_reloads_every_worker(server, snapshots) -> None:
     route = 'evdb_requests_total{endpoint="/v1/tables/{name}/lookup",status="200",table="item"}'
     counted = [line for line in text.splitlines() if line.startswith(route)]
     assert counted and float(counted[0].split()[-1]) == 13.0, counted
-    assert 'evdb_rows_served_total{table="item"} 45.0' in text  # and 2 x 3 by the v2 infers
+    # and 2 x 3 by the v2 HTTP infers, 4 x 3 by the gRPC ones
+    assert 'evdb_rows_served_total{table="item"} 57.0' in text
