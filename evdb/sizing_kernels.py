@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, types
+from numba import njit
 
 from evdb._types import Int64Array
 from evdb.kernels.hashing import mix64_np
@@ -41,7 +41,6 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
-_I8 = types.Array(types.int64, 1, "C")
 
 
 def sample_threshold(rate: float) -> int:
@@ -59,7 +58,9 @@ def sample_keys_reference(keys: Int64Array, salt: int, threshold: int) -> Int64A
 # for 8,192 keys, and a strided batch is rare (it is copied first). One multiply-shift hash
 # instead of splitmix64 ran in 3.8 us, but keys that differ only in high bits would then
 # share the low bits that decide.
-@njit(types.int64(_I8, types.uint64, types.uint64, _I8), nogil=True, cache=True)
+# Compiled on the first call (no signature given: importing evdb compiles nothing), for the
+# types callers pass: C-contiguous int64 arrays, np.uint64 salt and threshold.
+@njit(nogil=True, cache=True)
 def sample_into(keys, salt, threshold, out):  # type: ignore[no-untyped-def]
     """Write the kept keys of ``keys`` (n,) int64 to the front of ``out`` (n,) int64;
     returns how many (``salt``, ``threshold``: np.uint64)."""
@@ -101,7 +102,7 @@ def stack_distances_reference(ids: Int64Array) -> Int64Array:
     return out
 
 
-@njit(types.void(_I8, types.int64, _I8), nogil=True, cache=True)
+@njit(nogil=True, cache=True)
 def _stack_distances(ids, n_ids, out):  # type: ignore[no-untyped-def]
     n = ids.shape[0]
     last = np.full(n_ids, -1, dtype=np.int64)
