@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import evdb
 from evdb.sampling import RowSample
-from evdb.view import ReadableTable
+from evdb.view import ReadableTable, TableView
 from evdb.view_sample import SampleCache
 
 from .codec import JSON, ApiError, dumps
@@ -88,21 +88,30 @@ class Series(_Open):
     t: list[float] = Field(description="Unix time of each sample (the last one: now).")
     tables: dict[str, dict[str, list[float | None]]] = Field(
         description="Per table: lookups (cumulative), lookup_rate (/s), p50_ms, p95_ms, "
-        "p99_ms, hit_rate, missing_rate, and not_admitted, evictions, promotions, "
-        "written_back with their _rate"
+        "p99_ms, hit_rate, missing_rate, and evictions and promotions (this server's, since "
+        "it first read the table) with their _rate"
     )
 
 
 class Distributions(_Open):
     table: str
+    version: str = Field(description="The snapshot the figures are of (the summary's).")
+    seq: int | None = Field(description="Following a publish root: the publication's seq.")
     sample_rows: int
     rows: int
     frequency: dict[str, Any] = Field(description="rank, freq, slope, fit (ranks fitted)")
-    age: dict[str, Any] = Field(description="edges, counts, ttl_steps, step")
+    counted: bool = Field(description="Whether frequency holds this version's pull counts.")
+    frequency_note: str | None = Field(description="Why not, where it does not.")
+    age: dict[str, Any] = Field(
+        description="edges, counts, ttl_steps, step, shown (whether the ages say anything) "
+        "and note (why not)"
+    )
 
 
 class Projection(_Open):
     table: str
+    version: str
+    seq: int | None
     x: list[float]
     y: list[float]
     labels: list[str]
@@ -134,16 +143,53 @@ def rank_frequency(freq: np.ndarray) -> dict[str, Any]:
 
 def age_histogram(sample: RowSample, ttl_steps: int | None) -> dict[str, Any]:
     """Rows' ages ``step - last_step`` in AGE_BUCKETS equal buckets over [0, ttl_steps] (the
-    oldest live age), or over [0, the oldest age] without a TTL."""
+    oldest live age), or over [0, the oldest age] without a TTL. ``shown`` is False (and
+    ``note`` says why) where the figure says nothing: no live rows, or every age 0 with no
+    TTL (a serving export stamps every row with its own step)."""
     ages = sample.step - sample.last_step
     top = ttl_steps if ttl_steps is not None else int(ages.max(initial=0))
     counts, edges = np.histogram(ages, bins=AGE_BUCKETS, range=(0, max(top, 1)))
+    note = None
+    if ages.size == 0:
+        note = "no live rows"
+    elif ttl_steps is None and top == 0:
+        note = (
+            f"every sampled row was last updated at step {sample.step:,} (a serving export "
+            "stamps its rows with its own step) and there is no TTL: no ages to show"
+        )
     return {
         "edges": edges.tolist(),
         "counts": counts.tolist(),
         "ttl_steps": ttl_steps,
         "step": sample.step,
+        "shown": note is None,
+        "note": note,
     }
+
+
+NO_COUNTS = (
+    "No pull counts in this snapshot (a serving export keeps values only; serve the "
+    "checkpoint or the database to see them)."
+)
+
+
+def frequency_figure(table: ReadableTable, sample: RowSample) -> tuple[dict[str, Any], str | None]:
+    """(the rank/frequency figure, None) of the sample's pull counts, or (an empty figure, why)
+    where they are not the counts of the version served: none counted (a serving export), or,
+    following a publish root, sampled rows changed by deltas since the full publication
+    (deltas carry no pull counts: a fit over the other rows would be of another version)."""
+    empty = {"rank": [], "freq": [], "slope": None, "fit": [0, 0]}
+    if not np.any(sample.freq > 0):
+        return empty, NO_COUNTS
+    if isinstance(table, TableView) and table.overlay.n_rows:
+        changed = int(np.count_nonzero(table.overlay.rows.holds(sample.keys)))
+        if changed:
+            return empty, (
+                f"{changed:,} of the {sample.keys.shape[0]:,} sampled rows changed since the "
+                "full publication, and deltas carry no pull counts: this version's counts are "
+                "not known (they are again after the next full publication)."
+            )
+    return rank_frequency(sample.freq), None
 
 
 def pca_2d(values: np.ndarray) -> tuple[np.ndarray, list[float]]:
@@ -171,6 +217,9 @@ def _labels(table: ReadableTable, keys: np.ndarray) -> list[str]:
 
 @dataclass
 class TableFigures:
+    """A table's figures, all of one snapshot (``version``; ``seq`` following a root)."""
+
+    version: str
     distributions: dict[str, Any]
     projection: dict[str, Any]
 
@@ -198,7 +247,7 @@ class Views:
         view = self._views.get(name)
         if view is None:
             table = table_of(snap, name)
-            view = self._views[name] = _compute(table, name, self.samples.sample(table))
+            view = self._views[name] = _compute(snap, name, self.samples.sample(table))
         return view
 
     def _forget_old(self, snap: Snapshot) -> None:
@@ -224,31 +273,38 @@ class Views:
                         if self.holder.current is not snap or name in self._views:
                             return  # a reload meanwhile, or a request computed it: again
                 assert sample is not None
-                self._views[name] = _compute(table, name, sample)
+                if self._snap is not snap:  # a request moved on to a newer snapshot meanwhile
+                    return
+                self._views[name] = _compute(snap, name, sample)
         finally:
             self.holder.release(snap)
 
 
-def _compute(table: ReadableTable, name: str, sample: RowSample) -> TableFigures:
-    freq = rank_frequency(sample.freq)
+def _compute(snap: Snapshot, name: str, sample: RowSample) -> TableFigures:
+    table = snap.tables[name]
+    freq, why = frequency_figure(table, sample)
+    version = {"version": snap.version, "seq": snap.seq}  # what the page checks it against
     dist = {
         "table": name,
+        **version,
         "sample_rows": int(sample.keys.shape[0]),
         "rows": sample.total,
         "frequency": freq,
-        "counted": bool(np.any(sample.freq > 0)),
+        "counted": why is None,
+        "frequency_note": why,
         "age": age_histogram(sample, table.config.ttl_steps),
     }
     head = slice(0, PROJECTED_ROWS)
     xy, share = pca_2d(sample.values[head])
     proj = {
         "table": name,
+        **version,
         "x": xy[:, 0].round(5).tolist(),
         "y": xy[:, 1].round(5).tolist(),
         "labels": _labels(table, sample.keys[head]),
         "explained": share,
     }
-    return TableFigures(dist, proj)
+    return TableFigures(snap.version, dist, proj)
 
 
 def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:

@@ -3,8 +3,8 @@
 Every ``interval_s`` seconds (5 by default; an hour of them is kept) :class:`Sampler` reads
 the Prometheus exposition, the text ``/metrics`` serves, so with several workers the request
 counts and latencies are the sums over every worker, as ``/metrics`` sums them. The table
-figures (DRAM hits and misses, evictions, promotions, write-backs, admission refusals) are
-this worker's own: each worker reads them from its own tables.
+figures (DRAM hits and misses, evictions and promotions since this server first read the
+table) are this worker's own: each worker reads them from its own tables.
 
 A sample holds cumulative counters; :meth:`Sampler.series` turns consecutive samples into
 rates, hit rates and latency quantiles over each interval (a quantile interpolated within its
@@ -20,12 +20,15 @@ import itertools
 import logging
 import math
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from evdb.view import ReadableTable, TableView
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -42,9 +45,28 @@ LOOKUP_ENDPOINTS = frozenset(
     }
 )
 QUANTILES = (0.5, 0.95, 0.99)
-# Counters read from Table.stats(): admission refusals, and the top tier's evictions,
-# promotions and write-backs
-TABLE_COUNTERS = ("not_admitted", "evictions", "promotions", "written_back")
+# Counters read from Table.stats(): the top tier's evictions and promotions, counted from
+# when this server first read the table (until then they are the writer's: an export's
+# evictions are not this server's). A server reads a snapshot and never pulls, admits or
+# writes back, so admission refusals and write-backs are not series of it.
+TABLE_COUNTERS = ("evictions", "promotions")
+
+
+class Baselines:
+    """Each table's counters when this server first read it, per table object (following a
+    publish root: the full's table, which the views of every seq over it share)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[weakref.ref[Any], dict[str, float]]] = {}
+
+    def since(
+        self, name: str, table: ReadableTable, counters: dict[str, float]
+    ) -> dict[str, float]:
+        under = table.table if isinstance(table, TableView) else table
+        held = self._held.get(name)
+        if held is None or held[0]() is not under:
+            held = self._held[name] = (weakref.ref(under), counters)
+        return {k: v - held[1].get(k, 0.0) for k, v in counters.items()}
 
 
 @dataclass
@@ -64,9 +86,12 @@ class Sample:
     tables: dict[str, TableSample]
 
 
-def read_sample(metrics: Metrics, holder: SnapshotHolder) -> Sample:
+def read_sample(
+    metrics: Metrics, holder: SnapshotHolder, baselines: Baselines | None = None
+) -> Sample:
     """The cumulative figures now: the exposition's (every worker's) and this worker's
-    tables' counters."""
+    tables' counters (since ``baselines`` first saw each table)."""
+    baselines = baselines or Baselines()
     tables: dict[str, TableSample] = {}
 
     def of(name: str) -> TableSample:
@@ -102,12 +127,8 @@ def read_sample(metrics: Metrics, holder: SnapshotHolder) -> Sample:
             for name, t in snap.tables.items():
                 stats = t.stats()
                 top = next(iter(stats["tiers"].values()))
-                of(name).counters = {
-                    "not_admitted": float(stats["admission"]["not_admitted"]),
-                    "evictions": float(top.get("evictions", 0)),
-                    "promotions": float(top.get("promotions", 0)),
-                    "written_back": float(top.get("written_back", 0)),
-                }
+                counters = {c: float(top.get(c, 0)) for c in TABLE_COUNTERS}
+                of(name).counters = baselines.since(name, t, counters)
         finally:
             holder.release(snap)
     return Sample(time.time(), tables)
@@ -154,9 +175,10 @@ class Sampler:
         self.interval_s = interval_s
         self.after_tick = after_tick  # the dashboard's sampling of a new snapshot's rows
         self.ring: deque[Sample] = deque(maxlen=max(2, int(keep_s / interval_s)))
+        self.baselines = Baselines()
 
     def tick(self) -> None:
-        self.ring.append(read_sample(self.metrics, self.holder))
+        self.ring.append(read_sample(self.metrics, self.holder, self.baselines))
 
     async def run(self) -> None:
         """Sample until cancelled. On the event loop: handlers do their table work without
@@ -185,7 +207,7 @@ class Sampler:
         cumulative lookups, the lookup rate (/s), p50/p95/p99 latency (ms, None in an interval
         without lookups), the DRAM hit rate and the missing-key rate (None without reads), and
         each table counter with its rate."""
-        samples = [*self.ring, read_sample(self.metrics, self.holder)]
+        samples = [*self.ring, read_sample(self.metrics, self.holder, self.baselines)]
         names = sorted({n for s in samples for n in s.tables})
         out: dict[str, Any] = {"interval_s": self.interval_s, "t": [], "tables": {}}
         per: dict[str, dict[str, list[Any]]] = {

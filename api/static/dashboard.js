@@ -101,8 +101,8 @@ function tableCard(t) {
     el("span", {}, "dim ", el("b", { "data-stat": "dim", text: String(t.dim) })),
     el("span", {}, "keys ", el("b", { "data-stat": "key_type", text: t.key_type })),
     el("span", {}, "TTL ", el("b", { "data-stat": "ttl_steps",
-       text: t.ttl_steps === null ? "none" : `${num(t.ttl_steps)} steps` })),
-    el("span", {}, "admission ", el("b", { text: t.stats.admission.policy })));
+       text: t.ttl_steps === null ? "none" : `${num(t.ttl_steps)} steps` })));
+  // No admission policy or optimizer: a server reads a snapshot, it never pulls or pushes.
   const tiers = el("div", { cls: "tiers" });
   for (const tier of t.tiers) tiers.append(...tierRow(tier, (t.hit_rates || {})[tier.name]));
   const counters = el("div", { cls: "counters", "data-counters": t.name });
@@ -170,17 +170,30 @@ function drawSeries() {
           [x, col.p50_ms, col.p95_ms, col.p99_ms]);
     const box = document.querySelector(`[data-counters="${CSS.escape(t.name)}"]`);
     const last = (a) => (a.length ? a[a.length - 1] : 0);
-    box.replaceChildren(...[["not_admitted", "admission refusals"], ["evictions", "evictions"],
-                            ["promotions", "promotions"], ["written_back", "write-backs"]]
+    // this server's own, since it first read the table (not the writer's left in a snapshot)
+    box.replaceChildren(...[["evictions", "evictions"], ["promotions", "promotions"]]
       .map(([c, label]) => el("span", { "data-counter": c }, `${label} `,
         el("b", { text: num(last(col[c])) }), ` (${last(col[`${c}_rate`]).toFixed(2)}/s)`)));
   }
 }
 
+// The figures of the version the strip shows: a table's figures name the snapshot they are
+// of, and one of a newer snapshot (the follower swapped in between) first brings the strip
+// and the overview to it, so that every figure on the page is of one version.
+async function sameVersion(url) {
+  let body = await getJSON(url);
+  for (let i = 0; i < 3 && body.version !== state.summary.server.version; i++) {
+    await refresh();
+    if (body.version !== state.summary.server.version) body = await getJSON(url);
+  }
+  return body;
+}
+
 async function drawDistributions() {
   const name = state.table;
-  const d = await getJSON(`/v1/dashboard/tables/${encodeURIComponent(name)}/distributions`);
+  const d = await sameVersion(`/v1/dashboard/tables/${encodeURIComponent(name)}/distributions`);
   if (name !== state.table) return;
+  document.getElementById("view-distributions").dataset.version = d.version;
   const f = d.frequency;
   const slope = document.getElementById("slope");
   slope.textContent = f.slope === null ? "" : `fitted slope ${f.slope.toFixed(3)}`;
@@ -188,11 +201,15 @@ async function drawDistributions() {
   document.getElementById("frequency-note").textContent = d.counted
     ? `${num(d.sample_rows)} rows sampled of ${num(d.rows)}; slope fitted over ranks ` +
       `${num(f.fit[0])}–${num(f.fit[1])} (counts of 5 or more)`
-    : "No pull counts in this snapshot (a serving export keeps values only; serve the " +
-      "checkpoint or the database to see them).";
+    : `${num(d.sample_rows)} rows sampled of ${num(d.rows)}. ${d.frequency_note}`;
   const freqBox = document.getElementById("chart-frequency");
+  freqBox.hidden = !d.counted;  // no empty axes: nothing is drawn without this version's counts
+  if (!d.counted && state.charts["dist:freq"]) {
+    state.charts["dist:freq"].destroy();
+    delete state.charts["dist:freq"];
+  }
   const ranks = f.rank.length ? f.rank : [1];
-  chart("dist:freq", freqBox, {
+  if (d.counted) chart("dist:freq", freqBox, {
     series: [{ label: "rank" }, { label: "pulls", stroke: COLORS[0], width: 1.5,
                                   points: { show: true, size: 4 } }],
     scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
@@ -206,9 +223,15 @@ async function drawDistributions() {
   ageBox.dataset.counts = JSON.stringify(a.counts);
   document.getElementById("ttl").textContent = a.ttl_steps === null
     ? "(no TTL)" : `(TTL ${num(a.ttl_steps)} steps, marked)`;
-  document.getElementById("age-note").textContent =
-    `step ${num(a.step)}; ${a.counts.length} buckets of ${(a.edges[1] - a.edges[0]).toFixed(1)} steps`;
-  chart("dist:age", ageBox, {
+  document.getElementById("age-note").textContent = a.shown
+    ? `step ${num(a.step)}; ${a.counts.length} buckets of ${(a.edges[1] - a.edges[0]).toFixed(1)} steps`
+    : a.note;
+  ageBox.hidden = !a.shown;
+  if (!a.shown && state.charts["dist:age"]) {
+    state.charts["dist:age"].destroy();
+    delete state.charts["dist:age"];
+  }
+  if (a.shown) chart("dist:age", ageBox, {
     series: [{ label: "age" }, { label: "rows", fill: "rgba(59,130,246,0.5)", stroke: COLORS[0],
                                  paths: uPlot.paths.bars({ size: [0.9] }), points: { show: false } }],
     scales: { x: { time: false, range: [a.edges[0], a.edges[a.edges.length - 1]] },
@@ -238,7 +261,7 @@ function markTTL(u, ttl) {
 
 async function drawProjection() {
   const name = state.table;
-  const p = await getJSON(`/v1/dashboard/tables/${encodeURIComponent(name)}/projection`);
+  const p = await sameVersion(`/v1/dashboard/tables/${encodeURIComponent(name)}/projection`);
   if (name !== state.table) return;
   state.projection = p;
   document.getElementById("explained").textContent = `${num(p.x.length)} rows; axes explain ` +
