@@ -130,6 +130,11 @@ class RWLock:
             self._cond.notify_all()
         mutex.release()
 
+    @property
+    def writers_waiting(self) -> int:
+        """Writers waiting for the lock (new readers wait behind them)."""
+        return self._waiting
+
     def held_exclusive(self) -> bool:
         """Whether the calling thread holds the lock exclusive."""
         return self._writer == threading.get_ident()

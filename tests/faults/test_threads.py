@@ -284,7 +284,7 @@ def test_rwlock_prefers_a_waiting_writer_to_new_readers() -> None:
     )
     writer.start()
     for _ in range(10000):  # until the writer waits for the reader
-        if lock._waiting:
+        if lock.writers_waiting:
             break
         time.sleep(0.001)
     reader = threading.Thread(

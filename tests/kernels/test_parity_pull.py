@@ -18,8 +18,8 @@ def test_pull_dedups_the_same_either_way(tmp_path, monkeypatch, rng, admission, 
     batches = [rng.integers(0, 3000, int(rng.integers(1, 5000))) for _ in range(8)]
     batches[3] = batches[3][:0]  # an empty pull too
     results = []
-    for limit in (evdb.table._DEDUP_FIRST, 0):
-        monkeypatch.setattr(evdb.table, "_DEDUP_FIRST", limit)
+    for limit in (evdb.table.DEDUP_FIRST_KEYS, 0):
+        monkeypatch.setattr(evdb.table, "DEDUP_FIRST_KEYS", limit)
         with evdb.open(tmp_path / f"db{limit}") as db:
             opts: dict = {"ttl_steps": ttl_steps}
             if admission is not None:
