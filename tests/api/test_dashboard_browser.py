@@ -144,7 +144,10 @@ def test_the_summary_equals_stats(browser: Any, url: str, reference: evdb.Databa
         assert text(f'{card} [data-stat="dim"]') == str(stats["dim"])
         assert text(f'{card} [data-stat="key_type"]') == reference.table(name).config.key_type
         for tier, level in stats["tiers"].items():
-            assert text(f'{card} [data-tier="{tier}"]').startswith(f"{level['rows']:,}")
+            shown = text(f'{card} [data-tier="{tier}"]')
+            assert shown.startswith(f"{level['rows']:,}")
+            # a cache tier's hit rates, lookups and pulls apart; not RocksDB's (no cache)
+            assert ("hit rate: lookups" in shown) == ("lookup_hits" in level), shown
 
 
 def test_n_lookups_raise_the_request_series_by_n(browser: Any, url: str) -> None:
@@ -164,6 +167,23 @@ def test_zipf_pulls_show_their_slope(browser: Any, url: str) -> None:
     open_view(browser, url, "distributions", "zipf")
     slope = float(wait(browser, "return document.getElementById('slope').dataset.slope"))
     assert abs(slope - ZIPF_SLOPE) <= 0.15
+
+
+def test_what_a_table_has_not_got_is_said_not_drawn(browser: Any, url: str) -> None:
+    """``words`` was upserted, never pulled, all at one step, without a TTL: no counts and no
+    ages, so no empty axes, and the notes say why."""
+    open_view(browser, url, "distributions", "words")
+    script = "const n = document.getElementById('frequency-note').textContent;"
+    note = wait(browser, f"{script} return n.includes('No pull counts') && n")
+    assert "2,000 rows sampled of 2,000" in note
+    hidden = (
+        "return ['chart-frequency', 'chart-age'].map((id) => document.getElementById(id).hidden)"
+    )
+    assert browser.execute_script(hidden) == [True, True]
+    age_note = browser.execute_script("return document.getElementById('age-note').textContent")
+    assert "no ages to show" in age_note
+    assert browser.execute_script("return document.getElementById('slope').textContent") == ""
+    assert errors(browser) == []
 
 
 def test_rows_at_two_ages_fill_the_first_and_last_buckets(browser: Any, url: str) -> None:
