@@ -24,7 +24,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -33,10 +33,24 @@ from evdb.errors import InvalidArgumentError
 from evdb.keys import normalize_keys
 
 if TYPE_CHECKING:
+    from evdb.config import TableConfig
     from evdb.table_scans import TableScans as Table
+
+
+class Queryable(Protocol):
+    """What a neighbours query needs of a table: its key type and width, and a lookup (a
+    ``Table``, a view of one, or a sharded table, whose lookup is collective)."""
+
+    @property
+    def config(self) -> TableConfig: ...
+    @property
+    def dim(self) -> int: ...
+    def lookup(self, keys: Any) -> Float32Array: ...
+
 
 __all__ = [
     "METRICS",
+    "Queryable",
     "check_query",
     "neighbors",
     "neighbors_reference",
@@ -63,7 +77,7 @@ def _is_key(query: Any) -> bool:
     return isinstance(query, (int, np.integer, str, bytes)) and not isinstance(query, bool)
 
 
-def query_vector(table: Table, query: Any) -> tuple[Float32Array, int | None]:
+def query_vector(table: Queryable, query: Any) -> tuple[Float32Array, int | None]:
     """The (dim,) float32 query and the key to leave out of the answer (the query key itself,
     as gensim's ``most_similar`` leaves out the word), or None for a vector query."""
     if _is_key(query):
@@ -92,7 +106,7 @@ def query_vector(table: Table, query: Any) -> tuple[Float32Array, int | None]:
 
 
 def _prepare(
-    table: Table, query: Any, k: Any, metric: Any
+    table: Queryable, query: Any, k: Any, metric: Any
 ) -> tuple[Float32Array, int | None, int, str]:
     """Every argument checked before any row is read (bad input changes nothing)."""
     k = _check_k(k)
@@ -149,7 +163,7 @@ def _score(values: Float32Array, q: Float32Array, q_norm: float, metric: str) ->
 
 
 def check_query(
-    table: Table, query: Any, k: Any = 10, metric: Any = "cosine"
+    table: Queryable, query: Any, k: Any = 10, metric: Any = "cosine"
 ) -> tuple[Float32Array, int | None, int, str]:
     """The arguments of a neighbours query, checked before any row is read: the (dim,)
     float32 query vector, the query key to leave out of the answer (None for a vector), k

@@ -276,7 +276,6 @@ def test_table_and_view_satisfy_the_read_protocol(pair: Pair) -> None:
     assert isinstance(pair.view, ReadableTable) and isinstance(pair.plain, ReadableTable)
 
 
-@pytest.mark.xfail(strict=True, reason="ShardedTable lacks part of the read half (issue 27 C)")
 def test_sharded_table_satisfies_the_read_protocol() -> None:
     from evdb.distributed.table import ShardedTable
 

@@ -37,12 +37,14 @@ from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.arrays import float_matrix
 from evdb.bags import parse_bags
 from evdb.dedup import Deduper
+from evdb.distributed import reads
 from evdb.distributed.exchange import Exchange
 from evdb.distributed.placement import Placement
 from evdb.errors import EvdbError, InvalidArgumentError
 from evdb.kernels import backend
 from evdb.keys import normalize_keys
 from evdb.pulled import Pulled
+from evdb.records import RecordBatch
 from evdb.table import Table
 
 if TYPE_CHECKING:
@@ -192,11 +194,15 @@ class ShardedTable:
         combiner: str | None = None,
         max_norm: float | None = None,
         *,
+        out: Float32Array | None = None,
+        promote: bool = False,
         found: BoolArray | None = None,
+        step: int | None = None,
     ) -> Float32Array:
         """Collective. ``Table.lookup`` over the whole table: each distinct key is read at its
-        owner (never created, never counted), and the bags are combined here, in the same
-        kernel a single table uses."""
+        owner (never created, never counted; ``promote`` and ``step`` as ``Table.lookup``'s,
+        at the owner), and the bags are combined here, in the same kernel a single table
+        uses."""
         try:
             k = self._keys(keys)
             n = k.shape[0]
@@ -205,18 +211,27 @@ class ShardedTable:
                 raise InvalidArgumentError(
                     f"found must be a bool array of shape ({n},), got {found.dtype} {found.shape}"
                 )
+            shape = (bags.n_bags, self.dim)
+            if out is not None and (
+                out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous
+            ):
+                raise InvalidArgumentError(
+                    f"out must be a C-contiguous float32 array of shape {shape}, "
+                    f"got {out.dtype} {out.shape}"
+                )
         except EvdbError:
             self._refuse("lookup")
             raise
         route, _, inverse, mine = self._ask("lookup", k)
         here = np.zeros(mine.shape[0], dtype=bool)
         answer = np.empty((mine.shape[0], self.dim + 1), dtype=np.float32)
-        answer[:, : self.dim] = self.local.lookup(mine, found=here)
+        answer[:, : self.dim] = self.local.lookup(mine, found=here, promote=promote, step=step)
         answer[:, self.dim] = here
         back = self._from_owners(route, answer, "lookup")
         if found is not None:
             found[:] = back[inverse, self.dim] > 0
-        out = np.empty((bags.n_bags, self.dim), dtype=np.float32)
+        if out is None:
+            out = np.empty((bags.n_bags, self.dim), dtype=np.float32)
         cpu.gather_combine(  # offsets=None: each key its own bag of one, summed (a copy)
             np.ascontiguousarray(back[:, : self.dim]),
             inverse,
@@ -237,15 +252,62 @@ class ShardedTable:
 
     def __len__(self) -> int:
         """Collective. Live rows over every shard."""
+        return self.count()
+
+    def count(self, *, step: int | None = None) -> int:
+        """Collective. Live rows over every shard at ``step`` (default the database's)."""
         self._db.check_open()
         self._x.begin("len", self.name)
-        return int(self._x.all_sum(np.array([len(self.local)]), "len", self.name)[0])
+        here = np.array([self.local.count(step=step)])
+        return int(self._x.all_sum(here, "len", self.name)[0])
 
     def items(self, chunk_rows: int = 65536) -> Iterator[tuple[Int64Array, Float32Array]]:
         """Not collective: ``(keys, values)`` chunks of the live rows of *this rank's* shard.
         The shards' items together are the table's; ``evdb.distributed.export`` writes them
         merged."""
         return self.local.items(chunk_rows)
+
+    def records(
+        self,
+        chunk_rows: int = 65536,
+        *,
+        live_only: bool = False,
+        since_version: int | None = None,
+        strict: bool = True,
+        step: int | None = None,
+    ) -> Iterator[tuple[Int64Array, RecordBatch]]:
+        """Not collective: ``Table.records`` of *this rank's* shard (the shards' records
+        together are the table's)."""
+        return self.local.records(
+            chunk_rows, live_only=live_only, since_version=since_version, strict=strict, step=step
+        )
+
+    def neighbors(
+        self,
+        query: Any,
+        k: int = 10,
+        metric: str = "cosine",
+        *,
+        as_strings: bool = False,
+        step: int | None = None,
+    ) -> tuple[Any, Float32Array]:
+        """Collective. ``Table.neighbors`` over every shard: every rank gets the same answer
+        (see ``evdb.distributed.reads``)."""
+        return reads.neighbors(self, query, k, metric, as_strings, step)
+
+    def strings(self, keys: Any) -> list[str | None]:
+        """Collective. Each key's original string, as its owner keeps it (a table created
+        with ``keep_strings=True``)."""
+        return reads.strings(self, keys)
+
+    @property
+    def keeps_strings(self) -> bool:
+        return self.local.keeps_strings
+
+    @property
+    def step(self) -> int:
+        """The database's global step."""
+        return self.local.step
 
     # -- training path (collective) -------------------------------------------------------
     def pull(self, keys: Any) -> ShardedPulled:

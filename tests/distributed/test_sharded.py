@@ -283,6 +283,11 @@ def test_mismatched_calls_and_bad_input_fail_on_every_rank(tmp_path: Path) -> No
         assert "len at step 1, rank 1: call 13 len at step 0" in seen["step"]
 
 
+def test_the_read_half_of_a_sharded_table_equals_one_table(tmp_path: Path) -> None:
+    results = run_ranks(workers.read_protocol, 2, tmp_path)
+    assert results[0] == results[1] and results[0]["rows"] == 400
+
+
 def test_prefetch_reads_ahead_at_the_owners_and_changes_no_result(tmp_path: Path) -> None:
     results = run_ranks(workers.prefetching, 2, tmp_path)
     assert sum(r["used"] for r in results) > 0  # owners served pulls from their read aheads

@@ -310,3 +310,48 @@ def publishing(rank: int, world: int, out: Path) -> list[dict[str, Any]]:
                 np.save(out / f"found-{seq}-{name}.npy", found)
     db.close()
     return results
+
+
+def read_protocol(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """The read half of a sharded table (count, records, neighbours, strings, lookup's out=
+    and step=) against one process's table holding the same rows."""
+    rng = np.random.default_rng(7)
+    keys = rng.permutation(400).astype(np.int64)
+    values = rng.standard_normal((400, DIM)).astype(np.float32)
+    db = evd.open(out / "root")
+    one = evdb.open(out / f"one-{rank}")
+    got: dict[str, Any] = {}
+    for d in (db, one):
+        t = d.create_table("t", dim=DIM, ttl_steps=3, dram_rows=50)
+        for i, half in enumerate((keys[:200], keys[200:])):  # written at steps 0 and 2
+            mine = part(half, rank, world) if d is db else half
+            t.upsert(mine, values[mine])
+            if i == 0:
+                d.advance(2)
+    sharded, plain = db.table("t"), one.table("t")
+    assert sharded.step == plain.step == 2 and sharded.keeps_strings is False
+    for step in (None, 4, 5):
+        assert sharded.count(step=step) == plain.count(step=step), step
+    ask = np.concatenate([keys[:30], [999]])
+    buf = np.empty((2, DIM), np.float32)
+    sharded.lookup(ask, offsets=[0, 11], out=buf, step=4)
+    np.testing.assert_array_equal(buf, plain.lookup(ask, offsets=[0, 11], step=4))
+    here = {int(k) for c, _ in sharded.records(live_only=True, step=4) for k in c}
+    every = set().union(*db.exchange.gather_objects(here, "test"))
+    assert every == {int(k) for c, _ in plain.records(live_only=True, step=4) for k in c}
+    for query, metric in ((int(keys[5]), "cosine"), (values[9], "l2"), (values[1], "dot")):
+        for step in (None, 4):
+            a = sharded.neighbors(query, k=7, metric=metric, step=step)
+            b = plain.neighbors(query, k=7, metric=metric, step=step)
+            np.testing.assert_array_equal(a[0], b[0])
+            np.testing.assert_allclose(a[1], b[1], rtol=1e-6)
+    try:  # sharded tables keep no strings (keep_strings is refused at creation)
+        sharded.strings([1])
+    except evdb.InvalidArgumentError as e:
+        assert "does not keep its strings" in str(e)
+    else:
+        raise AssertionError("strings() of a table without strings did not raise")
+    got["rows"] = sharded.count()
+    one.close()
+    db.close()
+    return got
