@@ -307,7 +307,10 @@ def _compute(snap: Snapshot, name: str, sample: RowSample) -> TableFigures:
     return TableFigures(snap.version, dist, proj)
 
 
-def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
+def _tiers(table: ReadableTable, stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each tier's rows and bytes against its capacity; following a publish root, the tiers
+    hold the full publication (``server.full_seq``) and an ``overlay`` row the rows and
+    tombstones of the deltas since, held in memory over it."""
     out = []
     for name, level in stats["tiers"].items():
         cap = level.get("capacity")
@@ -318,6 +321,18 @@ def _tiers(stats: dict[str, Any]) -> list[dict[str, Any]]:
                 "capacity": cap,
                 "bytes": level.get("bytes", 0),
                 "fill": None if not cap else level.get("rows", 0) / cap,
+            }
+        )
+    if isinstance(table, TableView) and stats.get("overlay_rows") is not None:
+        layers = table.overlay.layers
+        held = sum(a.nbytes for r in layers for a in (r.keys, r.values, r.last_step, r.removed))
+        out.append(
+            {
+                "name": "overlay",
+                "rows": table.overlay.n_rows,
+                "capacity": None,
+                "bytes": held,
+                "fill": None,
             }
         )
     return out
@@ -384,7 +399,7 @@ def summary(snap: Snapshot, request: Request) -> dict[str, Any]:
                 "rows": stats["rows"],
                 "ttl_steps": t.config.ttl_steps,
                 "keeps_strings": t.keeps_strings,
-                "tiers": _tiers(stats),
+                "tiers": _tiers(t, stats),
                 "hit_rates": hit_rates(stats),
                 "reads": stats.get("reads", {}),
                 "found_rate": found_rates(stats.get("reads", {})),

@@ -105,7 +105,14 @@ class FollowSnapshot(Snapshot):
             self.base.release()
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "seq": self.seq, "step": self.step, "published": self.published}
+        full = None if self.base is None else self.base.seq  # the full the tiers hold
+        return {
+            **super().info(),
+            "seq": self.seq,
+            "full_seq": full,
+            "step": self.step,
+            "published": self.published,
+        }
 
 
 @dataclass

@@ -42,6 +42,7 @@ LOOKUP_ENDPOINTS = frozenset(
         "/v1/tables/{name}/lookup",
         "/v2/models/{model}/infer",
         "/v2/models/{model}/versions/{version}/infer",
+        "/inference.GRPCInferenceService/ModelInfer",  # api.grpc_service
     }
 )
 QUANTILES = (0.5, 0.95, 0.99)

@@ -85,6 +85,10 @@ function tierRow(t, rates) {
     if (t.fill >= 0.95) bar.classList.add("full");
     else if (t.fill >= 0.8) bar.classList.add("warn");
     text = `${num(t.rows)} / ${num(t.capacity)} rows (${pct.toFixed(1)}%) · ${bytes(t.bytes)}`;
+  } else if (t.name === "overlay") {  // following a root: the deltas since the full, in memory
+    bar.classList.add("unbounded");
+    text = `${num(t.rows)} rows and removals since full seq ${num(state.summary.server.full_seq)}` +
+      ` · ${bytes(t.bytes)}`;
   } else {
     bar.classList.add("unbounded");
     text = `${num(t.rows)} rows · ${bytes(t.bytes)} · no row limit`;

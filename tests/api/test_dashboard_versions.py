@@ -83,6 +83,10 @@ def test_following_every_figure_is_the_followed_versions(tmp_path: Path) -> None
             assert p["server"]["seq"] == p["dist"]["seq"] == p["proj"]["seq"] == 2
             assert p["dist"]["version"] == p["proj"]["version"] == p["server"]["version"]
             assert p["card"]["rows"] == p["dist"]["rows"] == len(t) == 2200
+            # the tiers hold the full (seq 1), the overlay the delta's 320 rows and 100 removals
+            assert p["server"]["full_seq"] == 1
+            tiers = {x["name"]: x for x in p["card"]["tiers"]}
+            assert tiers["overlay"]["rows"] == 420 and tiers["overlay"]["bytes"] > 0
             assert p["dist"]["sample_rows"] == 2200 == len(p["proj"]["x"])
             # this version's counts are not known: no slope of another version's rows
             assert not p["dist"]["counted"] and p["dist"]["frequency"]["slope"] is None
@@ -94,7 +98,9 @@ def test_following_every_figure_is_the_followed_versions(tmp_path: Path) -> None
             db.publish(root, full=True)
             wait_for_seq(c, 3)
             p = page(c, "item")
-            assert p["dist"]["seq"] == p["server"]["seq"] == 3 and p["dist"]["counted"]
+            assert p["dist"]["seq"] == p["server"]["seq"] == p["server"]["full_seq"] == 3
+            assert p["dist"]["counted"]
+            assert [x["rows"] for x in p["card"]["tiers"] if x["name"] == "overlay"] == [0]
             want = trainer_figures(t)
             assert p["card"]["rows"] == p["dist"]["rows"] == want["rows"]
             assert p["dist"]["frequency"]["slope"] == pytest.approx(want["slope"], abs=1e-12)
