@@ -295,3 +295,38 @@ def _screenshots(browser: Any, url: str, out: Path, table: str) -> None:
             assert path.stat().st_size > 10_000
     finally:
         browser.set_window_size(1400, 1000)
+
+
+def test_following_the_page_shows_one_version(browser: Any, tmp_path: Path) -> None:
+    """A follower at a delta: the strip's seq is the distributions' version, the slope is not
+    fitted over another version's counts, and the tiers say they hold the full plus an
+    overlay."""
+    root = tmp_path / "pub"
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=4)
+        t.pull(np.repeat(np.arange(1, 200), 3))
+        db.publish(root, full=True)
+        t.upsert(np.arange(1000, 1050), np.ones((50, 4), np.float32))
+        assert db.publish(root)["seq"] == 2
+    with serving(root, "--follow") as u:
+        open_view(browser, u, "distributions", "item")
+        version = wait(
+            browser, "return document.getElementById('view-distributions').dataset.version"
+        )
+        seq = browser.execute_script(
+            "return document.querySelector('[data-field=\"seq\"] b').textContent"
+        )
+        assert version == seq == "2"
+        note = browser.execute_script(
+            "return document.getElementById('frequency-note').textContent"
+        )
+        assert "249 rows sampled of 249" in note and "deltas carry no pull counts" in note
+        assert browser.execute_script("return document.getElementById('chart-frequency').hidden")
+        open_view(browser, u, "overview", "item")
+        overlay = wait(
+            browser,
+            "const o = document.querySelector('[data-tier=\"overlay\"]');"
+            " return o && o.textContent",
+        )
+        assert overlay.startswith("50 rows and removals since full seq 1")
+        assert errors(browser) == []
