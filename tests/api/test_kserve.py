@@ -190,3 +190,37 @@ def test_http_config_and_index_refusals(client) -> None:
     assert client.get("/v2/repository/index").json() == r.json()
     r = client.post("/v2/repository/index", json={"ready": "yes"})
     assert r.status_code == 422 and "ready" in r.json()["error"]
+
+
+def test_grpc_takes_typed_contents_as_well_as_raw(server, reference) -> None:
+    """Inputs as ``contents`` (int64_contents, bytes_contents), as clients other than
+    tritonclient send them, give the rows raw inputs give."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    port = server["app"].state.grpc_port
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        req = service_pb2.ModelInferRequest(model_name="item", id="r1")
+        keys = req.inputs.add(name="keys", datatype="INT64", shape=[len(KEYS)])
+        keys.contents.int64_contents.extend(KEYS.tolist())
+        out = stub.ModelInfer(req, timeout=30)
+        assert out.id == "r1" and [o.name for o in out.outputs] == ["embeddings", "found"]
+        rows = np.frombuffer(out.raw_output_contents[0], "<f4").reshape(len(KEYS), 4)
+        np.testing.assert_array_equal(rows, reference.table("item").lookup(KEYS))
+        found = np.frombuffer(out.raw_output_contents[1], np.bool_)
+        assert found.tolist() == reference.table("item").contains(KEYS).tolist()
+
+        req = service_pb2.ModelInferRequest(model_name="tok")
+        words = req.inputs.add(name="keys", datatype="BYTES", shape=[2])
+        words.contents.bytes_contents.extend([WORDS[3].encode(), b"absent"])
+        req.outputs.add(name="found")  # only what is asked for
+        out = stub.ModelInfer(req, timeout=30)
+        assert [o.name for o in out.outputs] == ["found"]
+        assert np.frombuffer(out.raw_output_contents[0], np.bool_).tolist() == [True, False]
+
+        req.outputs.add(name="nope")
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(req, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "nope" in e.value.details()
