@@ -333,3 +333,20 @@ def test_every_package_is_installed() -> None:
         files = [f for f in (ROOT / folder).iterdir() if f.is_file()]
         patterns = config["package-data"][package]
         assert files and all(any(f.match(p) for p in patterns) for f in files), package
+
+
+def test_info_shows_the_keys_each_tier_answered(tmp_path: Path) -> None:
+    with evdb.open(tmp_path / "db") as d:
+        t = d.create_table("t", dim=2, dram_rows=10)
+        t.upsert(np.arange(50), np.ones((50, 2), np.float32))
+        t.push(t.pull(np.arange(60)), np.zeros((60, 2), np.float32))
+        t.lookup(np.arange(100))
+        want = t.stats()["reads"]
+    done = evdb_cli("info", tmp_path / "db")
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    header = lines.index(next(line for line in lines if line.split()[:2] == ["table", "reads"]))
+    assert lines[header].split()[2:] == list(want["pull"])
+    for line, op in zip(lines[header + 1 : header + 3], ("pull", "lookup"), strict=True):
+        assert line.split() == ["t", op, *map(str, want[op].values())]
+    assert sum(want["pull"].values()) == 60 and sum(want["lookup"].values()) > 0

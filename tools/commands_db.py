@@ -64,6 +64,19 @@ def cmd_info(path: Path, as_json: bool) -> None:
         rows.append([name, t["dim"], t["key_type"], t["rows"], disk.get("rows"), disk.get("bytes")])
         rows[-1] += [cfg["ttl_steps"], cfg["l2_threshold"], cfg["optimizer"]["kind"]]
     print_table(header, rows)
+    counted = [
+        (name, op, counts)
+        for name, t in result["tables"].items()
+        for op, counts in t["stats"].get("reads", {}).items()
+        if sum(counts.values())
+    ]
+    if counted:  # the keys each tier answered (and none held), since the table was created
+        levels = list(dict.fromkeys(level for _, _, c in counted for level in c))
+        click.echo()
+        print_table(
+            ["table", "reads", *levels],
+            [[name, op, *(c.get(level, "-") for level in levels)] for name, op, c in counted],
+        )
 
 
 def _sharded_info(path: Path, as_json: bool) -> None:

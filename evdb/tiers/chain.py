@@ -32,6 +32,7 @@ from evdb.tiers.step_counts import StepCounts
 __all__ = ["READ_OPS", "ChainTier", "StepCounts", "TierChain", "stack"]
 
 READ_OPS = ("pull", "lookup")  # the reads whose keys each level counts
+_READ_COUNTS = ("hits", "misses", "below", "not_found")
 
 _FLUSH_CHUNK = 65536
 
@@ -299,6 +300,9 @@ class TierChain:
         """What the chain keeps in memory about the rows below (their step counts, the backing
         tier's own state), for the database's metadata; taken after a flush."""
         arrays = {f"below_steps.{k}": v for k, v in self.below_steps.to_arrays().items()}
+        arrays["reads"] = np.array(  # the read counts (op x hits, misses, below, not_found)
+            [[self.reads[op][c] for c in _READ_COUNTS] for op in READ_OPS], dtype=np.int64
+        )
         if self.backing is not None:
             arrays.update({f"backing.{k}": v for k, v in self.backing.to_arrays().items()})
         return arrays
@@ -306,6 +310,9 @@ class TierChain:
     def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """Restore what ``to_arrays`` returned (the backing tier already holds the rows)."""
         self.below_steps.load_arrays(_prefixed(arrays, "below_steps."))
+        if "reads" in arrays:  # saved since the counts were kept (older saves start at 0)
+            for op, row in zip(READ_OPS, arrays["reads"].tolist(), strict=True):
+                self.reads[op] = dict(zip(_READ_COUNTS, (int(x) for x in row), strict=True))
         if self.backing is None:
             return
         self.backing.load_arrays(_prefixed(arrays, "backing."))
