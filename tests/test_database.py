@@ -242,3 +242,28 @@ def test_mmap_reads_must_be_a_bool_and_nothing_is_created(tmp_path: Path) -> Non
     with pytest.raises(evdb.ConfigError, match="mmap_reads must be a bool, got 'yes'"):
         evdb.open(tmp_path / "db", mmap_reads="yes")
     assert not (tmp_path / "db").exists()
+
+
+def test_opening_a_file_says_it_is_a_file_and_changes_nothing(tmp_path: Path) -> None:
+    f = tmp_path / "a-file"
+    f.write_bytes(b"not a database")
+    for read_only in (False, True):
+        with pytest.raises(evdb.InvalidArgumentError, match=r"path: .*a-file is a file; evdb.open"):
+            evdb.open(f, read_only=read_only)
+    assert f.read_bytes() == b"not a database" and sorted(tmp_path.iterdir()) == [f]
+
+
+def test_opening_a_sharded_root_says_how_to_open_it(tmp_path: Path) -> None:
+    from evdb.distributed.layout import LAYOUT  # what a sharded root holds
+
+    root = tmp_path / "sharded"
+    root.mkdir()
+    (root / LAYOUT).write_text("{}")
+    for read_only in (False, True):
+        with pytest.raises(evdb.InvalidArgumentError) as caught:
+            evdb.open(root, read_only=read_only)
+        message = str(caught.value)
+        assert "is a sharded database or checkpoint" in message
+        assert "evdb.distributed.open(path)" in message and "shard-00000" in message
+        assert "evdb reshard" in message and "--shards 1" in message
+    assert sorted(p.name for p in root.iterdir()) == [LAYOUT]
