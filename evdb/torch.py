@@ -87,6 +87,43 @@ def _keys_array(values: torch.Tensor, name: str) -> np.ndarray:
     return values.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
 
 
+def _str_bags(
+    table: AnyTable,
+    input: Any,
+    offsets: torch.Tensor | None,
+    per_sample_weights: torch.Tensor | None,
+    include_last_offset: bool,
+) -> tuple[np.ndarray, np.ndarray, torch.Tensor | None]:
+    """A sequence of str keys (what a ``key_type="str"`` table takes) with its offsets ->
+    (keys (n,) object, offsets (B,), weights): the table hashes the strings (and keeps them,
+    with ``keep_strings``), as its own ``pull`` and ``lookup`` do."""
+    if table.config.key_type != "str":
+        raise TypeError(
+            f"input must be a torch.Tensor of int keys for table {table.name!r} "
+            f"(key_type={table.config.key_type!r}), got {type(input).__name__}"
+        )
+    if isinstance(input, str) or not isinstance(input, (list, tuple, np.ndarray)):
+        raise TypeError(f"input must be a sequence of str keys, got {type(input).__name__}")
+    keys = np.empty(len(input), dtype=object)
+    keys[:] = list(input)
+    if offsets is None:
+        raise ValueError("offsets has to be a 1D Tensor but got None")
+    off = _keys_array(torch.as_tensor(offsets), "offsets")
+    if include_last_offset:
+        if off.shape[0] == 0:
+            raise ValueError("include_last_offset needs at least one offset")
+        off = off[:-1]
+    weights = None
+    if per_sample_weights is not None:
+        if per_sample_weights.shape != (keys.shape[0],):
+            raise ValueError(
+                f"embedding_bag: per_sample_weights ({tuple(per_sample_weights.shape)}) must "
+                f"have the shape of the input ({keys.shape[0]},)"
+            )
+        weights = per_sample_weights
+    return keys, off, weights
+
+
 def _bags(
     input: torch.Tensor,
     offsets: torch.Tensor | None,
@@ -143,7 +180,9 @@ class EmbeddingBag(nn.Module):
     Parameters
     ----------
     table : evdb.Table
-        Where the rows live; several modules may share one table.
+        Where the rows live; several modules may share one table. A ``key_type="str"``
+        table also takes its keys as a sequence of str (``emb(["a", "b"], offsets)``):
+        the table hashes them, and keeps them with ``keep_strings``.
     mode : "sum" | "mean" | "sqrtn"
         How each bag is combined (torch's default is "mean").
     max_norm : float, optional
@@ -206,9 +245,14 @@ class EmbeddingBag(nn.Module):
                 "embedding_bag: per_sample_weights was not None. per_sample_weights is only "
                 f"supported for mode='sum' (got mode='{self.mode}')."
             )
-        keys, off, weights = _bags(
-            input, offsets, per_sample_weights, self.include_last_offset, self.padding_idx
-        )
+        if isinstance(input, torch.Tensor):
+            keys, off, weights = _bags(
+                input, offsets, per_sample_weights, self.include_last_offset, self.padding_idx
+            )
+        else:  # the keys of a key_type="str" table, as strings: the table hashes them
+            keys, off, weights = _str_bags(
+                self.table, input, offsets, per_sample_weights, self.include_last_offset
+            )
         out: torch.Tensor = embed(
             self._anchor,
             self.training,

@@ -329,3 +329,26 @@ def test_bfloat16_autocast_output_and_torch_compile(db) -> None:
         compiled(torch.tensor([1, 2]), torch.tensor([0])).numpy(),
         2 * emb(torch.tensor([1, 2]), torch.tensor([0])).numpy(),
     )
+
+
+def test_a_str_table_takes_its_keys_as_strings(db) -> None:
+    t = db.create_table(
+        "w", dim=3, key_type="str", keep_strings=True, optimizer=evdb.optim.SGD(lr=1.0)
+    )
+    emb = EmbeddingBag(t, mode="sum")
+    words, offsets = ["a", "b", "a", "c"], torch.tensor([0, 2])
+    before = t.lookup(words)
+    out = emb(words, offsets)
+    np.testing.assert_allclose(
+        out.detach().numpy(), [before[0] + before[1], before[2] + before[3]], rtol=1e-6
+    )
+    out.sum().backward()  # every row's gradient is its count: a was in a bag twice
+    np.testing.assert_allclose(
+        t.lookup(["a", "b", "c"]), before[[0, 1, 3]] - [[2.0], [1.0], [1.0]], rtol=1e-6
+    )
+    assert t.strings(["a", "b", "c"]) == ["a", "b", "c"]
+    emb.eval()
+    np.testing.assert_array_equal(emb(["zz"], [0]).detach().numpy(), t.lookup(["zz"]))
+    ints = EmbeddingBag(db.create_table("i", dim=3), mode="sum")
+    with pytest.raises(TypeError, match=r"table 'i' \(key_type='int64'\)"):
+        ints(["a"], [0])
