@@ -76,15 +76,17 @@ class Table(TableUpkeep):
 
     @property
     def learning_rate(self) -> float:
-        """The optimizer's current learning rate (``config.optimizer.lr`` until changed)."""
+        """The optimizer's current learning rate (``config.optimizer.lr``)."""
         return float(self._optimizer.lr)
 
     @learning_rate.setter
     @exclusive
     def learning_rate(self, lr: float) -> None:
-        """Change the learning rate of later pushes (LR schedules); the rest of the rule and
-        the persisted config stay as created."""
+        """Change the learning rate of later pushes (LR schedules): ``config.optimizer.lr``
+        shows it, the next flush saves it, and a reopen resumes with it (as a torch
+        optimizer's state_dict restores its lr); the rest of the rule stays as created."""
         self._optimizer = dataclasses.replace(self._optimizer, lr=lr)  # validates lr
+        self.config = dataclasses.replace(self.config, optimizer=self._optimizer)
 
     # -- row mechanics shared by the writes -----------------------------------------------
     def _fresh_records(

@@ -68,7 +68,11 @@ _CHUNK_BATCHES = 1 << 16
 
 
 def config_digest(config: Mapping[str, Any] | None) -> str:
-    """sha256 of a table configuration's canonical JSON (``TableConfig.to_dict()``)."""
+    """sha256 of a table configuration's canonical JSON (``TableConfig.to_dict()``), without
+    the optimizer's learning rate (a schedule changes it while the trace is recorded)."""
+    if config is not None and isinstance(config.get("optimizer"), Mapping):
+        optimizer = {k: v for k, v in config["optimizer"].items() if k != "lr"}
+        config = {**config, "optimizer": optimizer}
     text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -209,14 +209,23 @@ def test_optimizer_config_round_trips(opt) -> None:
     assert evdb.optim.from_dict(opt.to_dict()) == opt
 
 
-def test_learning_rate_can_change_between_pushes(db) -> None:
-    t = db.create_table("t", dim=1, optimizer=evdb.optim.SGD(lr=0.1), initializer=evdb.init.Zeros())
-    p = t.pull([1])
-    t.push(p, [[1.0]])
-    t.learning_rate = 0.5
-    p = t.pull([1])
-    t.push(p, [[1.0]])
-    np.testing.assert_allclose(t.lookup([1]), [[-0.6]], rtol=1e-6)
-    assert t.learning_rate == 0.5 and t.config.optimizer.lr == 0.1
-    with pytest.raises(ConfigError, match=r"SGD\.lr"):
-        t.learning_rate = -1.0
+def test_learning_rate_can_change_between_pushes_and_is_kept(tmp_path) -> None:
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table(
+            "t", dim=1, optimizer=evdb.optim.SGD(lr=0.1), initializer=evdb.init.Zeros()
+        )
+        p = t.pull([1])
+        t.push(p, [[1.0]])
+        t.learning_rate = 0.5
+        p = t.pull([1])
+        t.push(p, [[1.0]])
+        np.testing.assert_allclose(t.lookup([1]), [[-0.6]], rtol=1e-6)
+        assert t.learning_rate == 0.5 and t.config.optimizer.lr == 0.5  # the config shows it
+        with pytest.raises(ConfigError, match=r"SGD\.lr"):
+            t.learning_rate = -1.0
+        assert t.learning_rate == 0.5
+    with evdb.open(tmp_path / "db") as db:  # a reopen resumes with the rate last set
+        t = db.table("t")
+        assert t.learning_rate == 0.5 and t.config.optimizer == evdb.optim.SGD(lr=0.5)
+        t.push(t.pull([1]), [[1.0]])
+        np.testing.assert_allclose(t.lookup([1]), [[-1.1]], rtol=1e-6)

@@ -226,3 +226,16 @@ def test_strided_keys_are_recorded(tmp_path: Path) -> None:
         rec.record("pull", keys[::3], 0)  # a view of the caller's array
     want = sample_keys_reference(keys[::3].copy(), 9 ^ 0x9E3779B97F4A7C15, sample_threshold(0.1))
     np.testing.assert_array_equal(read_trace(tmp_path / "t").keys, want)
+
+
+def test_a_learning_rate_schedule_does_not_make_the_trace_another_tables(tmp_path: Path) -> None:
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("t", dim=2, optimizer=evdb.optim.SGD(lr=0.1))
+        with KeyRecorder.for_table(t, tmp_path / "t.trace", rate=1.0) as rec:
+            t.trace(rec)
+            t.push(t.pull([1, 2]), np.zeros((2, 2), np.float32))
+            t.learning_rate = 0.01  # a schedule, while recording
+        assert read_trace(tmp_path / "t.trace", table=t).n_batches == 1
+        other = db.create_table("u", dim=2, optimizer=evdb.optim.Adagrad(lr=0.1))
+        with pytest.raises(evdb.InvalidArgumentError, match=r"another table|recorded from table"):
+            read_trace(tmp_path / "t.trace", table=other)
