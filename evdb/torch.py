@@ -31,7 +31,7 @@ float32, bfloat16 or float16 payloads (``payload_dtype``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -362,6 +362,47 @@ class EmbeddingBagCollection(nn.Module):
                 f"payload_dtype={payload_dtype!r} applies to the grouped exchange of sharded "
                 "tables (grouped=True, every table sharded)"
             )
+
+    @classmethod
+    def from_configs(
+        cls,
+        db: Any,
+        configs: Iterable[Any],
+        *,
+        concat: bool = False,
+        stack: bool = False,
+        **table_options: Any,
+    ) -> EmbeddingBagCollection:
+        """A collection from TorchRec's ``EmbeddingBagConfig`` list (or anything with their
+        fields: ``name``, ``embedding_dim``, ``feature_names``, optional ``pooling``): one evdb
+        table per config, named after it (created in ``db`` with ``table_options``, or the
+        existing one of that name and dim), read by each of its features.
+        ``num_embeddings`` is not needed (any int64 key is valid) and is ignored. Every
+        config must pool alike (TorchRec's ``PoolingType.SUM`` or ``MEAN``: ``mode``)."""
+        tables: dict[str, AnyTable] = {}
+        modes = set()
+        for i, c in enumerate(configs):
+            name, dim, features = c.name, c.embedding_dim, list(c.feature_names)
+            if not features:
+                raise ValueError(f"configs[{i}] ({name!r}) has no feature_names")
+            pooling = getattr(c, "pooling", None)
+            modes.add(str(getattr(pooling, "name", pooling or "sum")).lower())
+            table = db.table(name) if name in db.tables() else None
+            if table is None:
+                table = db.create_table(name, dim, **table_options)
+            elif table.dim != dim:
+                raise ValueError(
+                    f"configs[{i}]: table {name!r} exists with dim {table.dim}, not {dim}"
+                )
+            for feature in features:
+                if feature in tables:
+                    raise ValueError(f"configs[{i}]: feature {feature!r} is in two configs")
+                tables[feature] = table
+        if not tables:
+            raise ValueError("configs: no EmbeddingBagConfig given")
+        if len(modes) != 1:
+            raise ValueError(f"configs: every config must pool alike, got {sorted(modes)}")
+        return cls(tables, mode=modes.pop(), concat=concat, stack=stack)
 
     def _features(self, features: Any) -> dict[str, tuple[np.ndarray, np.ndarray, Any]]:
         if (

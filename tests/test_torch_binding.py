@@ -352,3 +352,50 @@ def test_a_str_table_takes_its_keys_as_strings(db) -> None:
     ints = EmbeddingBag(db.create_table("i", dim=3), mode="sum")
     with pytest.raises(TypeError, match=r"table 'i' \(key_type='int64'\)"):
         ints(["a"], [0])
+
+
+def test_a_collection_from_torchrec_style_configs(db) -> None:
+    from types import SimpleNamespace as Config
+
+    configs = [
+        Config(name="t_user", embedding_dim=4, num_embeddings=10, feature_names=["user"]),
+        Config(name="t_item", embedding_dim=3, num_embeddings=10, feature_names=["item", "seen"]),
+    ]
+    ebc = EmbeddingBagCollection.from_configs(db, configs, optimizer=evdb.optim.SGD(lr=0.1))
+    assert sorted(db.tables()) == ["t_item", "t_user"] and db.table("t_item").dim == 3
+    assert ebc.tables["seen"] is ebc.tables["item"] and ebc.mode == "sum"
+    out = ebc({"user": (torch.tensor([1, 2]), torch.tensor([0, 1])),
+               "item": (torch.tensor([5, 6, 7]), torch.tensor([0, 2])),
+               "seen": (torch.tensor([7]), torch.tensor([0, 1]))})  # fmt: skip
+    assert {k: tuple(v.shape) for k, v in out.items()} == {
+        "user": (2, 4),
+        "item": (2, 3),
+        "seen": (2, 3),
+    }
+    again = EmbeddingBagCollection.from_configs(db, configs)  # the tables exist: reused
+    assert again.tables["user"] is ebc.tables["user"]
+    with pytest.raises(ValueError, match="exists with dim 4, not 8"):
+        EmbeddingBagCollection.from_configs(
+            db, [Config(name="t_user", embedding_dim=8, feature_names=["u"])]
+        )
+    mean = Config(name="m", embedding_dim=2, feature_names=["a"], pooling=Config(name="MEAN"))
+    total = Config(name="s", embedding_dim=2, feature_names=["b"], pooling=Config(name="SUM"))
+    assert EmbeddingBagCollection.from_configs(db, [mean]).mode == "mean"
+    with pytest.raises(ValueError, match="pool alike"):
+        EmbeddingBagCollection.from_configs(db, [mean, total])
+
+
+def test_torchrec_configs_and_keyed_jagged_tensors_where_torchrec_installs(db) -> None:
+    modules = pytest.importorskip("torchrec.modules.embedding_configs")
+    jagged = pytest.importorskip("torchrec.sparse.jagged_tensor")
+    configs = [
+        modules.EmbeddingBagConfig(
+            name="t0", embedding_dim=4, num_embeddings=100, feature_names=["f0", "f1"]
+        )
+    ]
+    ebc = EmbeddingBagCollection.from_configs(db, configs)
+    kjt = jagged.KeyedJaggedTensor.from_lengths_sync(
+        keys=["f0", "f1"], values=torch.tensor([1, 2, 3, 4]), lengths=torch.tensor([1, 1, 2, 0])
+    )
+    out = ebc(kjt)
+    assert tuple(out["f0"].shape) == (2, 4) and tuple(out["f1"].shape) == (2, 4)
