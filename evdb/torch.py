@@ -38,11 +38,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from evdb.bags import parse_offsets
 from evdb.distributed.group import PAYLOAD_DTYPES, ShardedCollection
 from evdb.distributed.table import ShardedTable
 from evdb.table import Table
 from evdb.torch_autograd import AnyTable, embed, embed_grouped
+from evdb.torch_inputs import bags_of, keys_array, str_bags_of
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "FusedOptimizer"]
 
@@ -77,101 +77,6 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass
-
-
-def _keys_array(values: torch.Tensor, name: str) -> np.ndarray:
-    if not isinstance(values, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(values).__name__}")
-    if values.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-        raise TypeError(f"{name} must be an integer tensor, got {values.dtype}")
-    return values.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
-
-
-def _str_bags(
-    table: AnyTable,
-    input: Any,
-    offsets: torch.Tensor | None,
-    per_sample_weights: torch.Tensor | None,
-    include_last_offset: bool,
-) -> tuple[np.ndarray, np.ndarray, torch.Tensor | None]:
-    """A sequence of str keys (what a ``key_type="str"`` table takes) with its offsets ->
-    (keys (n,) object, offsets (B,), weights): the table hashes the strings (and keeps them,
-    with ``keep_strings``), as its own ``pull`` and ``lookup`` do."""
-    if table.config.key_type != "str":
-        raise TypeError(
-            f"input must be a torch.Tensor of int keys for table {table.name!r} "
-            f"(key_type={table.config.key_type!r}), got {type(input).__name__}"
-        )
-    if isinstance(input, str) or not isinstance(input, (list, tuple, np.ndarray)):
-        raise TypeError(f"input must be a sequence of str keys, got {type(input).__name__}")
-    keys = np.empty(len(input), dtype=object)
-    keys[:] = list(input)
-    if offsets is None:
-        raise ValueError("offsets has to be a 1D Tensor but got None")
-    off = _keys_array(torch.as_tensor(offsets), "offsets")
-    if include_last_offset:
-        if off.shape[0] == 0:
-            raise ValueError("include_last_offset needs at least one offset")
-        off = off[:-1]
-    weights = None
-    if per_sample_weights is not None:
-        if per_sample_weights.shape != (keys.shape[0],):
-            raise ValueError(
-                f"embedding_bag: per_sample_weights ({tuple(per_sample_weights.shape)}) must "
-                f"have the shape of the input ({keys.shape[0]},)"
-            )
-        weights = per_sample_weights
-    return keys, off, weights
-
-
-def _bags(
-    input: torch.Tensor,
-    offsets: torch.Tensor | None,
-    per_sample_weights: torch.Tensor | None,
-    include_last_offset: bool,
-    padding_idx: int | None,
-) -> tuple[np.ndarray, np.ndarray, torch.Tensor | None]:
-    """torch.nn.EmbeddingBag's input conventions -> (keys (n,), offsets (B,), weights)."""
-    if input.dim() == 2:
-        if offsets is not None:
-            raise ValueError(
-                "if input is 2D, then offsets has to be None, as input is treated is a "
-                "mini-batch of fixed length sequences. However, found offsets of type "
-                f"{type(offsets)}"
-            )
-        n_bags, length = input.shape
-        off = np.arange(0, n_bags * length, length, dtype=np.int64)
-    elif input.dim() == 1:
-        if offsets is None:
-            raise ValueError("offsets has to be a 1D Tensor but got None")
-        if offsets.dim() != 1:
-            raise ValueError("offsets has to be a 1D Tensor")
-        off = _keys_array(offsets, "offsets")
-        if include_last_offset:
-            if off.shape[0] == 0:
-                raise ValueError("include_last_offset needs at least one offset")
-            off = off[:-1]
-    else:
-        raise ValueError(
-            f"input has to be 1D or 2D Tensor, but got Tensor of dimension {input.dim()}"
-        )
-    if per_sample_weights is not None and per_sample_weights.shape != input.shape:
-        raise ValueError(
-            f"embedding_bag: If per_sample_weights ({per_sample_weights.shape}) is not None, "
-            f"then it must have the same shape as the input ({input.shape})"
-        )
-    keys = _keys_array(input, "input")
-    weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
-    if padding_idx is not None:  # padding positions leave their bags (and the mean's count)
-        keep = keys != padding_idx
-        if not keep.all():
-            parse_offsets(off, keys.shape[0])  # valid before they are remapped
-            kept_before = np.concatenate([[0], np.cumsum(keep)])
-            off = kept_before[off]
-            keys = keys[keep]
-            if weights is not None:
-                weights = weights[torch.from_numpy(keep)]
-    return keys, off, weights
 
 
 class EmbeddingBag(nn.Module):
@@ -246,11 +151,11 @@ class EmbeddingBag(nn.Module):
                 f"supported for mode='sum' (got mode='{self.mode}')."
             )
         if isinstance(input, torch.Tensor):
-            keys, off, weights = _bags(
+            keys, off, weights = bags_of(
                 input, offsets, per_sample_weights, self.include_last_offset, self.padding_idx
             )
         else:  # the keys of a key_type="str" table, as strings: the table hashes them
-            keys, off, weights = _str_bags(
+            keys, off, weights = str_bags_of(
                 self.table, input, offsets, per_sample_weights, self.include_last_offset
             )
         out: torch.Tensor = embed(
@@ -411,7 +316,7 @@ class EmbeddingBagCollection(nn.Module):
             and callable(getattr(features, "weights_or_none", None))
         ):  # a KeyedJaggedTensor: values of all keys concatenated, one lengths run per key
             names = list(features.keys())
-            values = _keys_array(features.values(), "values")
+            values = keys_array(features.values(), "values")
             lengths = (
                 features.lengths().detach().cpu().numpy().astype(np.int64)
                 if features.lengths() is not None
@@ -432,8 +337,8 @@ class EmbeddingBagCollection(nn.Module):
             values, offsets = item[0], item[1]
             w = item[2] if len(item) > 2 else None
             out[name] = (
-                _keys_array(values, f"features[{name!r}] values"),
-                _keys_array(offsets, f"features[{name!r}] offsets"),
+                keys_array(values, f"features[{name!r}] values"),
+                keys_array(offsets, f"features[{name!r}] offsets"),
                 w,
             )
         return out
