@@ -39,7 +39,6 @@ from evdb.view_sample import SampleCache
 
 from .codec import JSON, ApiError, dumps
 from .deps import settings_of, table_of, use_snapshot
-from .metrics import OPS
 from .openapi import error_responses
 from .schemas import Error
 from .snapshots import Snapshot, SnapshotHolder
@@ -79,7 +78,8 @@ class Summary(_Open):
         description="Per table: name, dim, key_type, rows, ttl_steps, tiers (name, rows, "
         "capacity, bytes, fill), hit_rates (per cache tier, per operation: the share of the "
         "keys asked of it that it held, or null), reads (per operation, the keys each tier "
-        "answered and not_found), found_rate (per operation), stats (Table.stats())"
+        "answered and not_found), found_rate (per operation), all three this server's (since "
+        "it first read the table), stats (Table.stats())"
     )
 
 
@@ -342,25 +342,23 @@ def _rate(part: int, whole: int) -> float | None:
     return None if whole == 0 else part / whole
 
 
-def hit_rates(stats: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """Per cache tier (hbm, dram), the share of the keys asked of it that it held, for pulls
-    and lookups apart (None where it was asked nothing)."""
-    return {
-        name: {
-            op: _rate(level[f"{op}_hits"], level[f"{op}_hits"] + level[f"{op}_misses"])
-            for op in OPS
-        }
-        for name, level in stats["tiers"].items()
-        if "lookup_hits" in level
-    }
-
-
-def found_rates(reads: dict[str, dict[str, int]]) -> dict[str, float | None]:
-    """Per operation, the share of the keys read that some tier held (not ``not_found``)."""
-    return {
+def read_figures(counts: dict[tuple[str, str, str], float]) -> dict[str, Any]:
+    """From ``metrics.read_counters`` (this server's): ``hit_rates`` per cache tier (hbm,
+    dram) and operation, the share of the keys asked of it that it held (None where it was
+    asked nothing); ``reads`` per operation, the keys each tier answered and ``not_found``;
+    ``found_rate`` per operation, the share some tier held."""
+    rates: dict[str, dict[str, float | None]] = {}
+    reads: dict[str, dict[str, int]] = {}
+    for (kind, a, b), n in counts.items():
+        if kind == "reads":
+            reads.setdefault(a, {})[b] = int(n)
+        elif kind == "hits":
+            rates.setdefault(a, {})[b] = _rate(int(n), int(n + counts["misses", a, b]))
+    found = {
         op: _rate(sum(by.values()) - by.get("not_found", 0), sum(by.values()))
         for op, by in reads.items()
     }
+    return {"hit_rates": rates, "reads": reads, "found_rate": found}
 
 
 def summary(snap: Snapshot, request: Request) -> dict[str, Any]:
@@ -400,9 +398,7 @@ def summary(snap: Snapshot, request: Request) -> dict[str, Any]:
                 "ttl_steps": t.config.ttl_steps,
                 "keeps_strings": t.keeps_strings,
                 "tiers": _tiers(t, stats),
-                "hit_rates": hit_rates(stats),
-                "reads": stats.get("reads", {}),
-                "found_rate": found_rates(stats.get("reads", {})),
+                **read_figures(request.app.state.metrics.tables.reads(name, t, stats)),
                 "stats": stats,
             }
         )

@@ -7,7 +7,9 @@ latencies are recorded by :class:`MetricsMiddleware` (plain ASGI: a ``BaseHTTPMi
 costs a task per request); table figures (rows, DRAM cache hits and misses) are read from
 ``Table.stats()`` when Prometheus scrapes: ``evdb_reads_total{table, op, tier}`` (the keys
 each tier answered, ``tier="not_found"`` those none held, for ``op`` pull and lookup apart), and
-per cache tier ``evdb_tier_hits_total`` and ``evdb_tier_misses_total`` with the same labels.
+per cache tier ``evdb_tier_hits_total`` and ``evdb_tier_misses_total`` with the same labels,
+counted from when this server first read the table (:class:`Since`: a database carries its
+writer's counts, which are not this server's traffic).
 
 With several workers (``evdb serve --workers N``), prometheus-client's multiprocess mode keeps
 each process's counters and histograms in files that :meth:`Metrics.exposition` sums, so a
@@ -19,9 +21,10 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,10 +32,13 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from evdb.view import ReadableTable, TableView
+
 if TYPE_CHECKING:
-    from .snapshots import SnapshotHolder
+    from .snapshots import Snapshot, SnapshotHolder
 
 # Lookups answer in well under a millisecond from DRAM and in milliseconds from disk.
+K = TypeVar("K")
 OPS = ("pull", "lookup")  # the operations Table.stats() counts reads of, apart
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -68,6 +74,7 @@ class Metrics:
         )
         self.tables = _TableCollector(holder, worker=multiprocess_dir is not None)
         self.registry.register(self.tables)
+        holder.on_swap.append(self.tables.opened)
         # Label children, memoised: ``labels()`` takes a lock and builds a tuple on every
         # call, several microseconds per request. The label sets are bounded (routes x
         # tables x statuses), so these dicts are too.
@@ -115,12 +122,62 @@ class Metrics:
         children[1].observe(seconds)
 
 
+class Since:
+    """Counters counted from when this server first read each table: a database's stats
+    carry its writer's counts (the read counts are saved with it), which are not this
+    server's traffic. Keyed by table name and the table object (following a publish root,
+    the full's table, which the views of every seq over it share: the counts go on)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[weakref.ref[Any], dict[Any, float]]] = {}
+
+    def knows(self, name: str, table: ReadableTable) -> bool:
+        under = table.table if isinstance(table, TableView) else table
+        held = self._held.get(name)
+        return held is not None and held[0]() is under
+
+    def __call__(self, name: str, table: ReadableTable, counters: dict[K, float]) -> dict[K, float]:
+        under = table.table if isinstance(table, TableView) else table
+        held = self._held.get(name)
+        if held is None or held[0]() is not under:
+            held = self._held[name] = (weakref.ref(under), dict(counters))
+        return {k: v - held[1].get(k, 0.0) for k, v in counters.items()}
+
+
+def read_counters(stats: dict[str, Any]) -> dict[tuple[str, str, str], float]:
+    """``Table.stats()``'s read counts, flat: ("reads", op, tier) for the keys each tier
+    answered (tier "not_found": none held them), ("hits" | "misses", tier, op) per cache
+    tier (hbm, dram)."""
+    out: dict[tuple[str, str, str], float] = {}
+    for op, by_tier in stats.get("reads", {}).items():
+        for tier, n in by_tier.items():
+            out["reads", op, tier] = float(n)
+    for tier, level in stats["tiers"].items():
+        for op in OPS:
+            if f"{op}_hits" in level:  # a cache level
+                out["hits", tier, op] = float(level[f"{op}_hits"])
+                out["misses", tier, op] = float(level[f"{op}_misses"])
+    return out
+
+
 class _TableCollector(Collector):
     """Figures read from the snapshot's tables at scrape time."""
 
     def __init__(self, holder: SnapshotHolder, worker: bool) -> None:
         self.holder = holder
         self.worker = [str(os.getpid())] if worker else []
+        self.since = Since()
+
+    def opened(self, snap: Snapshot) -> None:
+        """Take the counts of a snapshot's new tables before it serves (SnapshotHolder's
+        ``on_swap``): what they count from then on is this server's."""
+        for name, table in snap.tables.items():
+            if not self.since.knows(name, table):
+                self.reads(name, table, table.stats())
+
+    def reads(self, name: str, table: ReadableTable, stats: dict[str, Any]) -> dict[Any, float]:
+        """:func:`read_counters` of ``stats``, this server's (since it first read the table)."""
+        return self.since(name, table, read_counters(stats))
 
     def collect(self) -> Iterator[Metric]:
         by = ["table", "worker"] if self.worker else ["table"]
@@ -164,14 +221,9 @@ class _TableCollector(Collector):
                     rows.add_metric(labels, stats["rows"])
                     hits.add_metric(labels, dram["hits"])
                     misses.add_metric(labels, dram["misses"])
-                    for op, by_tier in stats.get("reads", {}).items():
-                        for tier, n in by_tier.items():
-                            reads.add_metric([*labels, op, tier], n)
-                    for tier, level in stats["tiers"].items():
-                        for op in OPS:
-                            if f"{op}_hits" in level:  # a cache level (hbm, dram)
-                                tier_hits.add_metric([*labels, tier, op], level[f"{op}_hits"])
-                                tier_misses.add_metric([*labels, tier, op], level[f"{op}_misses"])
+                    families = {"reads": reads, "hits": tier_hits, "misses": tier_misses}
+                    for (kind, a, b), n in self.reads(name, table, stats).items():
+                        families[kind].add_metric([*labels, a, b], n)
             finally:
                 self.holder.release(snap)
         yield from (rows, hits, misses, reads, tier_hits, tier_misses, reloads)

@@ -20,7 +20,6 @@ import itertools
 import logging
 import math
 import time
-import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from evdb.view import ReadableTable, TableView
+from .metrics import Since
 
 if TYPE_CHECKING:
     from .metrics import Metrics
-    from .snapshots import SnapshotHolder
+    from .snapshots import Snapshot, SnapshotHolder
 
 log = logging.getLogger("evdb.api")
 
@@ -53,23 +52,6 @@ QUANTILES = (0.5, 0.95, 0.99)
 TABLE_COUNTERS = ("evictions", "promotions")
 
 
-class Baselines:
-    """Each table's counters when this server first read it, per table object (following a
-    publish root: the full's table, which the views of every seq over it share)."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, tuple[weakref.ref[Any], dict[str, float]]] = {}
-
-    def since(
-        self, name: str, table: ReadableTable, counters: dict[str, float]
-    ) -> dict[str, float]:
-        under = table.table if isinstance(table, TableView) else table
-        held = self._held.get(name)
-        if held is None or held[0]() is not under:
-            held = self._held[name] = (weakref.ref(under), counters)
-        return {k: v - held[1].get(k, 0.0) for k, v in counters.items()}
-
-
 @dataclass
 class TableSample:
     lookups: float = 0.0
@@ -87,12 +69,10 @@ class Sample:
     tables: dict[str, TableSample]
 
 
-def read_sample(
-    metrics: Metrics, holder: SnapshotHolder, baselines: Baselines | None = None
-) -> Sample:
+def read_sample(metrics: Metrics, holder: SnapshotHolder, baselines: Since | None = None) -> Sample:
     """The cumulative figures now: the exposition's (every worker's) and this worker's
     tables' counters (since ``baselines`` first saw each table)."""
-    baselines = baselines or Baselines()
+    baselines = baselines or Since()
     tables: dict[str, TableSample] = {}
 
     def of(name: str) -> TableSample:
@@ -129,7 +109,7 @@ def read_sample(
                 stats = t.stats()
                 top = next(iter(stats["tiers"].values()))
                 counters = {c: float(top.get(c, 0)) for c in TABLE_COUNTERS}
-                of(name).counters = baselines.since(name, t, counters)
+                of(name).counters = baselines(name, t, counters)
         finally:
             holder.release(snap)
     return Sample(time.time(), tables)
@@ -176,7 +156,15 @@ class Sampler:
         self.interval_s = interval_s
         self.after_tick = after_tick  # the dashboard's sampling of a new snapshot's rows
         self.ring: deque[Sample] = deque(maxlen=max(2, int(keep_s / interval_s)))
-        self.baselines = Baselines()
+        self.baselines = Since()
+        holder.on_swap.append(self.opened)
+
+    def opened(self, snap: Snapshot) -> None:
+        """Take the counters of a snapshot's new tables before it serves (see Since)."""
+        for name, table in snap.tables.items():
+            if not self.baselines.knows(name, table):
+                top = next(iter(table.stats()["tiers"].values()))
+                self.baselines(name, table, {c: float(top.get(c, 0)) for c in TABLE_COUNTERS})
 
     def tick(self) -> None:
         self.ring.append(read_sample(self.metrics, self.holder, self.baselines))

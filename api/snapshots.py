@@ -16,9 +16,11 @@ and follows.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ import xxhash
 
 import evdb
 from evdb.view import ReadableTable
+
+log = logging.getLogger("evdb.api")
 
 # Every lookup and infer answer names the snapshot it was read from: following a publish
 # root, the publication's seq (it never goes back on one worker); otherwise the version hash.
@@ -108,6 +112,8 @@ class SnapshotHolder:
         # published path at once, rather than serving the snapshot it was started with.
         self._state_mtime: tuple[int, int] | None = None
         self.reloads = 0
+        # Told of each snapshot before it serves (metrics take its tables' counts then).
+        self.on_swap: list[Callable[[Snapshot], None]] = []
 
     @property
     def current(self) -> Snapshot | None:
@@ -134,6 +140,11 @@ class SnapshotHolder:
 
     def swap(self, snap: Snapshot) -> None:
         """Serve ``snap`` from now on; the old snapshot closes after its last request."""
+        for hook in self.on_swap:
+            try:
+                hook(snap)
+            except Exception:  # a figure not taken must not stop a snapshot from serving
+                log.exception("taking the counts of %s failed", snap.path)
         with self._lock:
             old, self._current = self._current, snap
             self.reloads += 1

@@ -78,3 +78,34 @@ def test_the_dashboard_summary_gives_hit_rates_per_tier_from_the_same_counts(cli
     assert item["found_rate"]["lookup"] == pytest.approx(
         1 - reads["not_found"] / sum(reads.values())
     )
+
+
+def test_a_databases_writer_counts_are_not_this_servers(tmp_path) -> None:
+    """A database carries its writer's read counts; /metrics and the dashboard count this
+    server's reads only, from when it opened the table."""
+    import numpy as np
+    from fastapi.testclient import TestClient
+
+    import evdb
+    from evdb.api import Settings, create_app
+
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("item", dim=2, dram_rows=64)
+        t.upsert(np.arange(100), np.ones((100, 2), np.float32))
+        t.lookup(np.arange(500))  # the writer's 400 keys not found, 100 found
+        t.pull(np.arange(30))
+    with evdb.open(tmp_path / "db", read_only=True) as db:
+        writer = db.table("item").stats()["reads"]
+    assert writer["lookup"]["not_found"] == 400  # they are saved with the database
+    for dashboard in (False, True):
+        with TestClient(create_app(Settings(path=tmp_path / "db", dashboard=dashboard))) as c:
+            c.post("/v1/tables/item/lookup", json={"keys": [1, 2, 1000]})
+            reads = samples(c.get("/metrics").text, "evdb_reads_total")
+            lookup = {dict(k)["tier"]: v for k, v in reads.items() if ("op", "lookup") in k}
+            assert sum(lookup.values()) == 3 and lookup["not_found"] == 1
+            assert sum(v for k, v in reads.items() if ("op", "pull") in k) == 0
+            if dashboard:
+                card = c.get("/v1/dashboard/summary").json()["tables"][0]
+                assert card["reads"]["lookup"] == {k: int(v) for k, v in lookup.items()}
+                assert card["found_rate"]["lookup"] == pytest.approx(2 / 3)
+                assert card["hit_rates"]["dram"]["pull"] is None
