@@ -72,9 +72,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         Counted in ``evdb_requests_total`` under the method's path, with the HTTP status the
         same refusal gets over HTTP."""
         start = time.perf_counter()
-        status, code, detail = 200, grpc.StatusCode.OK, ""
+        status, code, detail = 500, grpc.StatusCode.INTERNAL, ""  # an unexpected error: 500
         try:
-            return work()
+            message = work()
+            status = 200
+            return message
         except ApiError as e:
             status, detail = e.status, e.detail
             code = CODES.get(e.status, grpc.StatusCode.INVALID_ARGUMENT)
