@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 # Each layer may import the layers after it, never those before it.
 LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
-    | {"evdb.torch_autograd", "evdb.torch_inputs"}  # the binding's autograd and inputs
+    | {"evdb.torch_autograd", "evdb.torch_inputs", "evdb.torch_metrics"}  # the binding's parts
     | {"evdb.distributed"}  # sharding: a layer above Database and Table (DESIGN)
     | {"evdb.sizing", "evdb.sizing_logs"}  # tier sizing: it replays a trace through tables
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings

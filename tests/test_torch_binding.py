@@ -399,3 +399,30 @@ def test_torchrec_configs_and_keyed_jagged_tensors_where_torchrec_installs(db) -
     )
     out = ebc(kjt)
     assert tuple(out["f0"].shape) == (2, 4) and tuple(out["f1"].shape) == (2, 4)
+
+
+def test_stats_logger_writes_each_tables_figures_under_the_metrics_names(db) -> None:
+    from evdb.torch_metrics import StatsLogger
+
+    class Writer:
+        def __init__(self) -> None:
+            self.scalars: list[tuple[str, float, int]] = []
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            self.scalars.append((tag, value, step))
+
+    t = db.create_table("item", dim=2, dram_rows=10, admission=evdb.admission.Counter(min_count=2))
+    t.upsert(np.arange(30), np.ones((30, 2), np.float32))
+    writer = Writer()
+    log = StatsLogger(writer, [t])
+    t.push(t.pull(np.arange(40)), np.zeros((40, 2), np.float32))  # 10 new keys: not admitted
+    first = log.log(1)
+    reads = t.stats()["reads"]["pull"]
+    assert first["evdb_table_rows/item"] == 30 and first["evdb_not_admitted/item"] == 10
+    assert first["evdb_reads/item/pull/not_found"] == reads["not_found"] == 10
+    assert sum(v for k, v in first.items() if k.startswith("evdb_read_share/item/pull/")) == 1
+    assert writer.scalars == [(tag, float(v), 1) for tag, v in first.items()]
+    t.lookup(np.arange(5))
+    second = log.log(2)  # shares over the interval: the 5 lookups only
+    looked = {k.rsplit("/", 1)[1]: v for k, v in second.items() if "read_share/item/lookup" in k}
+    assert sum(looked.values()) == 1 and "evdb_read_share/item/pull/dram" not in second
