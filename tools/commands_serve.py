@@ -81,6 +81,12 @@ __all__ = ["cmd_serve"]
     type=click.IntRange(1),
     help="Largest table a neighbours query (POST /v1/tables/{name}/neighbors) scans.",
 )
+@click.option(
+    "--grpc-port",
+    type=click.IntRange(1, 65535),
+    help="Also serve the KServe v2 gRPC protocol (tritonclient.grpc) on this port, from the "
+    "same snapshot; every worker binds it.",
+)
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def cmd_serve(
     path: Path,
@@ -97,6 +103,7 @@ def cmd_serve(
     follow: bool,
     poll_interval: float,
     max_staleness: float | None,
+    grpc_port: int | None,
     log_level: str,
 ) -> None:
     """Serve the tables of PATH (a serving export, or a database nobody writes to) for
@@ -150,6 +157,15 @@ def cmd_serve(
         env["EVDB_POLL_INTERVAL"] = repr(poll_interval)
         if max_staleness is not None:
             env["EVDB_MAX_STALENESS"] = repr(max_staleness)
+    if grpc_port is not None:
+        try:
+            import tritonclient.grpc  # noqa: F401  (the stubs the gRPC service serves)
+        except ImportError as e:
+            raise click.UsageError(
+                f"--grpc-port needs the serve extra: pip install 'evdb[serve]' ({e})"
+            ) from None
+        env["EVDB_GRPC_PORT"] = str(grpc_port)
+        env["EVDB_GRPC_HOST"] = host
     if cache_rows is not None:
         env["EVDB_CACHE_ROWS"] = str(cache_rows)
     if mmap_reads:

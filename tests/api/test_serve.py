@@ -26,7 +26,8 @@ def server(snapshots, tmp_path):
         "2",
         "--token-file",
         str(token_file),
-        env={"EVDB_GRPC_PORT": str(grpc_port)},
+        "--grpc-port",
+        str(grpc_port),
     )
     yield url, port, grpc_port
     code, out = serve_process.stop(proc)
