@@ -211,7 +211,10 @@ class Table(TableUpkeep):
         rows = self._drop_expired(found)
         n_hits = int(np.count_nonzero(rows >= 0))
         self._chain.count_cache_reads(n_hits, rows.shape[0] - n_hits, "pull")
-        self._promote_misses(uniq, rows, "pull")
+        if self._chain.has_rows_below:
+            self._promote_misses(uniq, rows, "pull")
+        elif n_hits < rows.shape[0]:
+            self._chain.count_not_found(rows.shape[0] - n_hits, "pull")
         u = uniq.shape[0]
         out = np.empty((u, self.dim), dtype=np.float32)
         # Every row found: freq += count (saturating), last_step, version, the dirty and pinned

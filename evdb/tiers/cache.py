@@ -54,6 +54,10 @@ COLUMNS = (
     "below_step",
 )
 
+def _same(a: Any) -> Any:
+    return a
+
+
 # Grows a column to a number of rows (a copy, or a longer prefix of a reservation): the
 # array module's own growth unless the tier is given one (the DRAM tier's reservations).
 Grow = Callable[[str, Any, int], Any]
@@ -103,6 +107,10 @@ class ColumnCache(CacheTier):
         self.config = config
         self.xp = xp
         self.kernels = kernels
+        # Host arrays in, the tier's arrays out, and back: the arrays themselves for numpy
+        # (callers pass C-contiguous arrays, as the kernels' signatures require).
+        self._dev: Callable[[Any], Any] = _same if xp is np else xp.ascontiguousarray
+        self._host: Callable[[Any], npt.NDArray[Any]] = _same if xp is np else xp.asnumpy
         self._grow = grow
         expected = max(config.capacity_rows or 0, config.initial_rows)
         self.index = HashIndex(expected, xp=xp, kernels=kernels)
@@ -127,14 +135,6 @@ class ColumnCache(CacheTier):
         self._fit(config.initial_rows)
 
     # -- host <-> tier --------------------------------------------------------------------
-    def _dev(self, a: Any) -> Any:
-        """A host array as the tier's (no copy for numpy)."""
-        return self.xp.ascontiguousarray(a)
-
-    def _host(self, a: Any) -> npt.NDArray[Any]:
-        """A tier array on the host (no copy for numpy)."""
-        host: npt.NDArray[Any] = a if self.xp is np else self.xp.asnumpy(a)
-        return host
 
     # -- capabilities ---------------------------------------------------------------------
     @property
@@ -308,7 +308,8 @@ class ColumnCache(CacheTier):
         )  # fmt: skip
         if dev_out is not out:
             out[:] = self._host(dev_out)
-        self._pinned_rows = np.concatenate([self._pinned_rows, rows[rows >= 0]])
+        pinned = rows if n == rows.shape[0] else rows[rows >= 0]
+        self._pinned_rows = np.concatenate([self._pinned_rows, pinned])
         return n
 
     def apply(
