@@ -42,7 +42,6 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
-
 def sample_threshold(rate: float) -> int:
     """The threshold that keeps a fraction ``rate`` of the key space (rate in (0, 1])."""
     return math.floor(rate * (1 << THRESHOLD_BITS) + 0.5)

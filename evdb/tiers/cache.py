@@ -54,6 +54,7 @@ COLUMNS = (
     "below_step",
 )
 
+
 def _same(a: Any) -> Any:
     return a
 
