@@ -104,7 +104,6 @@ class Database:
                 "dram_rows"
             )
         self._cache_rows = parse_optional_int("cache_rows", cache_rows, 1)
-        _refuse_other_paths(self.path)
         self._closed = False
         self._rwlock = RWLock()  # reads share it, writes and close hold it alone (evdb.locking)
         self._tables: dict[str, Table] = {}
@@ -113,6 +112,7 @@ class Database:
         self._publisher: Publisher | None = None
         self.storage = Storage(self.path, read_only=read_only, mmap_reads=mmap_reads)
         """The directory, its checkpoints and the RocksDB store (``evdb.storage``)."""
+        self.storage.refuse_other_paths()
         # a checkpoint to start from, checked before anything is created
         source = None if restore is None else self._parse_restore(restore, verify)
         created = False
@@ -491,25 +491,3 @@ def open(
         mmap_reads=mmap_reads,
         restore=restore,
     )
-
-
-# What evdb.distributed writes at a sharded root (evdb.distributed.layout.LAYOUT); the
-# facade cannot import the layer above it, so it names the file to say what it found.
-_SHARDED_LAYOUT = "sharding.json"
-
-
-def _refuse_other_paths(path: Path) -> None:
-    """Refuse, with what to do instead, a path that is a file or the root of a sharded
-    database (a directory of shard databases, opened by every rank of a job)."""
-    if path.exists() and not path.is_dir():
-        raise InvalidArgumentError(
-            f"path: {path} is a file; evdb.open takes the directory of a database (created "
-            "if missing) or of a checkpoint"
-        )
-    if (path / _SHARDED_LAYOUT).exists():
-        raise InvalidArgumentError(
-            f"path: {path} is a sharded database or checkpoint ({_SHARDED_LAYOUT}): open it "
-            "with evdb.distributed.open(path) on every rank of a torch.distributed job, or "
-            f"one shard with evdb.open({str(path / 'shard-00000')!r}, read_only=True); for one "
-            f"process, reshard it to one shard first: evdb reshard {path} DEST --shards 1"
-        )

@@ -60,6 +60,9 @@ CHECKPOINTS = "checkpoints"
 _CHECKPOINT_NAME = re.compile(r"[0-9]{10}(\.tmp)?")
 # evdb's own entries of a database directory, which it deletes, truncates or rewrites
 _INTERNAL = (CHECKPOINTS, WORKING, WORKING + ".tmp", POINTER + ".tmp", "LOCK")
+# What evdb.distributed writes at a sharded root (evdb.distributed.layout.LAYOUT); storage
+# cannot import the layer above it, so it names the file to say what it found.
+_SHARDED_LAYOUT = "sharding.json"
 _SNAPSHOT_TRIES = 50  # read-only opens: checkpoints a writer may remove under one open
 
 # What a commit stores beside the rows: the database's manifest ({"step", "tables": name ->
@@ -133,6 +136,24 @@ class Storage:
         self._store: RocksStore | None = None
 
     # -- before opening: what a writable open refuses ------------------------------------
+    def refuse_other_paths(self) -> None:
+        """Refuse, with what to do instead, a path that is a file or the root of a sharded
+        database (a directory of shard databases, opened by every rank of a job)."""
+        path = self.path
+        if path.exists() and not path.is_dir():
+            raise InvalidArgumentError(
+                f"path: {path} is a file; evdb.open takes the directory of a database (created "
+                "if missing) or of a checkpoint"
+            )
+        if (path / _SHARDED_LAYOUT).exists():
+            raise InvalidArgumentError(
+                f"path: {path} is a sharded database or checkpoint ({_SHARDED_LAYOUT}): open "
+                "it with evdb.distributed.open(path) on every rank of a torch.distributed job, "
+                f"or one shard with evdb.open({str(path / 'shard-00000')!r}, read_only=True); "
+                f"for one process, reshard it to one shard first: evdb reshard {path} DEST "
+                "--shards 1"
+            )
+
     def holds_database(self) -> bool:
         """Whether the directory has a pointer (is a database or a full checkpoint)."""
         return (self.path / POINTER).exists()
