@@ -1,5 +1,5 @@
 """Validation of the arrays callers hand in: float matrices (values, gradients: dtype, shape,
-finite) and occurrence counts."""
+finite), occurrence counts, and the output buffers a lookup writes into."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from evdb._types import Float32Array, Int64Array
+from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.errors import InvalidArgumentError, InvalidTypeError
 
 
@@ -43,3 +43,21 @@ def occurrence_counts(x: Any, n: int, arg: str) -> Int64Array:
         i = int(bad[0])
         raise InvalidArgumentError(f"{arg}[{i}] = {arr[i]}: counts must be >= 1")
     return arr.astype(np.int64, copy=False)
+
+
+def check_lookup_buffers(
+    out: Float32Array | None, shape: tuple[int, int], found: BoolArray | None, n: int
+) -> None:
+    """Raise unless ``out`` (when given) is a C-contiguous float32 array of ``shape`` and
+    ``found`` (when given) a bool array of n: the buffers a lookup of n keys writes into."""
+    if out is not None and (
+        out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous
+    ):
+        raise InvalidArgumentError(
+            f"out must be a C-contiguous float32 array of shape {shape}, "
+            f"got {out.dtype} {out.shape}"
+        )
+    if found is not None and (found.shape != (n,) or found.dtype != np.bool_):
+        raise InvalidArgumentError(
+            f"found must be a bool array of shape {(n,)}, got {found.dtype} {found.shape}"
+        )

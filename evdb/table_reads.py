@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.arrays import check_lookup_buffers
 from evdb.bags import parse_bags
 from evdb.changelog import ChangeLog
 from evdb.config import TableConfig
@@ -291,17 +292,9 @@ class TableReads:
         plain = offsets is None and weights is None and combiner is None and max_norm is None
         bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
         shape = (n if bags is None else bags.n_bags, self.dim)
+        check_lookup_buffers(out, shape, found, n)
         if out is None:
             out = np.empty(shape, dtype=np.float32)
-        elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise InvalidArgumentError(
-                f"out must be a C-contiguous float32 array of shape {shape}, "
-                f"got {out.dtype} {out.shape}"
-            )
-        if found is not None and (found.shape != (n,) or found.dtype != np.bool_):
-            raise InvalidArgumentError(
-                f"found must be a bool array of shape {(n,)}, got {found.dtype} {found.shape}"
-            )
         if bags is not None:
             if not (self._chain.has_rows_below and (self._top.locate(k) < 0).any()):
                 self._top.lookup_bags(k, bags, min_live, self._default_params(), out)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.arrays import check_lookup_buffers
 from evdb.bags import parse_bags
 from evdb.config import TableConfig
 from evdb.errors import InvalidArgumentError
@@ -221,17 +222,7 @@ class TableView:
         plain = offsets is None and weights is None and combiner is None and max_norm is None
         bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
         shape = (n if bags is None else bags.n_bags, table.dim)
-        if out is not None and (
-            out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous
-        ):
-            raise InvalidArgumentError(
-                f"out must be a C-contiguous float32 array of shape {shape}, "
-                f"got {out.dtype} {out.shape}"
-            )
-        if found is not None and (found.shape != (n,) or found.dtype != np.bool_):
-            raise InvalidArgumentError(
-                f"found must be a bool array of shape {(n,)}, got {found.dtype} {found.shape}"
-            )
+        check_lookup_buffers(out, shape, found, n)
         have = np.empty(n, dtype=bool) if found is None else found
         values = table.lookup(
             k, out=out if bags is None else None, promote=promote, found=have, step=s

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
-from evdb.arrays import float_matrix
+from evdb.arrays import check_lookup_buffers, float_matrix
 from evdb.bags import parse_bags
 from evdb.dedup import Deduper
 from evdb.distributed import reads
@@ -207,18 +207,7 @@ class ShardedTable:
             k = self._keys(keys)
             n = k.shape[0]
             bags = parse_bags(n, offsets, weights, combiner, max_norm)
-            if found is not None and (found.dtype != np.bool_ or found.shape != (n,)):
-                raise InvalidArgumentError(
-                    f"found must be a bool array of shape ({n},), got {found.dtype} {found.shape}"
-                )
-            shape = (bags.n_bags, self.dim)
-            if out is not None and (
-                out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous
-            ):
-                raise InvalidArgumentError(
-                    f"out must be a C-contiguous float32 array of shape {shape}, "
-                    f"got {out.dtype} {out.shape}"
-                )
+            check_lookup_buffers(out, (bags.n_bags, self.dim), found, n)
         except EvdbError:
             self._refuse("lookup")
             raise
