@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,3 +69,23 @@ def rng() -> np.random.Generator:
 def db(tmp_path: Path) -> Iterator[evdb.Database]:
     with evdb.open(tmp_path / "db") as database:
         yield database
+
+
+@pytest.fixture
+def standin_cupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """The CPU stand-in installed as ``cupy`` (tests/cuda_cpu): ``backend("gpu")`` then runs
+    the CUDA sources on the CPU; one device, its state and counters fresh; undone after."""
+    from evdb.kernels.gpu import runtime
+    from tests.cuda_cpu import cupy_standin
+    from tests.cuda_cpu.cupy_standin import _state
+
+    _state.reset()
+    monkeypatch.setitem(sys.modules, "cupy", cupy_standin)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cupy_standin.cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.runtime", cupy_standin.cuda.runtime)
+    runtime._module.cache_clear()  # compiled modules are memoised by device id
+    runtime._function.cache_clear()
+    yield cupy_standin
+    runtime._module.cache_clear()
+    runtime._function.cache_clear()
+    _state.reset()
