@@ -223,6 +223,43 @@ class Database:
         return _checkpoint.checkpoint(self, dest, base)
 
     @exclusive
+    def restore_in_place(self, source: str | os.PathLike[str], *, verify: bool = True) -> None:
+        """Replace this open database's state by the checkpoint at source (full or
+        incremental; verified first unless ``verify=False``): the step, and every table's
+        rows, config and state. The ``Table`` objects stay the same ones, so modules and
+        callers holding them go on with the restored rows (what ``torch.distributed
+        .checkpoint``'s in-place load needs: ``evdb.torch_checkpoint``); a table the
+        checkpoint lacks is dropped, one it adds is created. The changes since the last flush
+        are dropped; source is only read. If the restore fails, the database is back at its
+        state when the call began (flushed first), and the error is raised."""
+        self.check_writable()
+        src = _restore.check_source(source, verify)
+        if src.resolve() == self.path.resolve():
+            raise InvalidArgumentError(f"source: {src} is this database itself")
+        self.flush()  # what a failed restore comes back to
+        live, working = self._tables, self.path / WORKING
+        self.storage.store.close()
+        try:
+            self.storage.adopt(
+                _restore.materialize(src, working, mmap_reads=self.storage.mmap_reads)
+            )
+            self._tables = {}
+            self._load()
+        except BaseException:
+            self.storage.store.close()
+            self.storage.open()  # the working copy again, from the flush above
+            self._tables = {}
+            self._load()
+            raise
+        for name, table in self._tables.items():
+            if name in live:  # the old object takes the restored table's state, whole
+                vars(live[name]).clear()
+                vars(live[name]).update(vars(table))
+                self._tables[name] = live[name]
+        self._publisher = None  # its memory of the last publication is of the replaced state
+        self.flush()
+
+    @exclusive
     def publish(
         self, root: str | os.PathLike[str], *, full: bool | None = None, keep: int = 2
     ) -> dict[str, Any]:

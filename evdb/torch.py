@@ -61,15 +61,23 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._tables = dict(tables)
         groups = [
             {"params": [torch.zeros(())], "lr": t.learning_rate, "table": name}
+            | {"applied_lr": t.learning_rate}  # the lr sync last applied to the table
             for name, t in self._tables.items()
         ]
         super().__init__(groups, {"lr": 0.0})
 
     def sync(self, table: AnyTable) -> None:
-        """Apply the param group's lr to the table (called before each push)."""
+        """Apply the param group's lr to the table (called before each push) if it changed
+        since the last push (a scheduler); else the group takes the table's, which a restore
+        may have changed (``evdb.torch_checkpoint``)."""
         for group in self.param_groups:
-            if self._tables.get(group["table"]) is table and group["lr"] != table.learning_rate:
+            if self._tables.get(group["table"]) is not table:
+                continue
+            if group["lr"] != group.get("applied_lr", table.learning_rate):
                 table.learning_rate = float(group["lr"])
+            elif group["lr"] != table.learning_rate:
+                group["lr"] = table.learning_rate
+            group["applied_lr"] = group["lr"]
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:

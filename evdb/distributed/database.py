@@ -218,6 +218,43 @@ class ShardedDatabase:
         self.check_writable()
         return checkpoint(self, Path(dest), None if base is None else Path(base))
 
+    def restore_in_place(self, source: str | os.PathLike[str]) -> None:
+        """Collective. Replace every rank's shard by its shard of the sharded checkpoint at
+        source, in place (``Database.restore_in_place``): written for this many ranks, with
+        the same tables and placements (else ``ShardLayoutError``, changing nothing). The
+        ``ShardedTable`` objects stay the same ones (``evdb.torch_checkpoint``'s DCP load).
+        If a rank fails, every rank raises; the shards may then be of different states:
+        restore again."""
+        self.check_writable()
+        src, error = Path(source), None
+        try:
+            layout = _plan_restore(src, self.world_size)
+            if layout["tables"] != self._layout["tables"]:
+                raise ShardLayoutError(
+                    f"source: {src} holds tables {layout['tables']}, this database "
+                    f"{self._layout['tables']}: restore in place needs the same tables and "
+                    "placements (open a new root with restore= instead)"
+                )
+            shard = shard_dir(src, self.rank)
+            _verify_shard(src, shard, layout["checkpoint"]["shards"].get(shard.name))
+        except EvdbError as e:
+            error = e
+        self._x.begin("restore", failed=error is not None)
+        if error is not None:
+            raise error
+        result: Any = None
+        try:
+            self.local.restore_in_place(shard)
+        except EvdbError as e:
+            result = e
+        failed = [(r, v) for r, v in enumerate(self._x.gather_objects(result, "restore")) if v]
+        self._x.step = self.local.step
+        for table in self._tables.values():
+            table.config = table.local.config
+        if failed:
+            rank, why = failed[0]
+            raise CorruptDataError(f"restore_in_place: rank {rank} could not restore: {why}")
+
     def publish(
         self, root: str | os.PathLike[str], *, full: bool | None = None, keep: int = 2
     ) -> dict[str, Any]:

@@ -50,6 +50,7 @@ OPS = (
     "group_pull",
     "group_push",
     "group_keys",
+    "restore",
 )
 _HEAD = 6  # op, table, call number, argument code, global step, failed (refused its input)
 _SAME = 5  # the first _SAME fields must agree on every rank
