@@ -32,20 +32,24 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 import evdb
 from evdb._types import Int64Array
 from evdb.admission import Bloom, Counter
-from evdb.config import DiskConfig, TableConfig
+from evdb.config import DiskConfig, HbmConfig, TableConfig
 from evdb.errors import InvalidArgumentError
-from evdb.sizing_kernels import stack_distances
+from evdb.sizing_lru import LruCurve, lru_curve, trace_accesses
+from evdb.sizing_report import MIN_MINIATURE_ROWS, MIN_SAMPLED_KEYS, SizingReport
 from evdb.trace import OPS, Trace
+from evdb.trace_sample import FULL
 
 __all__ = [
     "DEFAULT_TARGETS",
+    "MINIATURE_ROWS",
+    "MIN_MINIATURE_ROWS",
+    "MIN_SAMPLED_KEYS",
     "LruCurve",
     "PolicyCurve",
     "SizingReport",
@@ -54,155 +58,87 @@ __all__ = [
     "miniature_config",
     "simulate",
     "size_table",
+    "size_thresholds",
     "trace_accesses",
 ]
 
 DEFAULT_TARGETS = (0.90, 0.95, 0.99)
 ProgressFn = Callable[[int, int], None]
-# Fewer sampled distinct keys than this and a miniature's answer rests on too few keys to
-# trust (SHARDS' fixed-size variant keeps 8K; at 1K the ATC'17 miniatures were within ~1 point
-# on the traces it measured). The report says so instead of hiding it.
-MIN_SAMPLED_KEYS = 1000
-# A miniature cache smaller than this answers with a spread of a few points: which of the hot
-# keys the sample kept decides how much of its few rows the rest gets (Zipf(1.1), 2M accesses,
-# 1%: 5,000 rows as a 50-row miniature, four seeds from -5.3 to +1.4 points; 20,000 rows as 200,
-# within 0.9).
-MIN_MINIATURE_ROWS = 200
-
-
-def trace_accesses(trace: Trace, ops: Sequence[str] = ("pull",)) -> tuple[Int64Array, Int64Array]:
-    """The accesses the curves count: keys (m,) int64 of the batches whose op is in ``ops``,
-    each batch's repeats dropped (first occurrences, in order), and their batch numbers
-    (m,) int64."""
-    codes = [OPS.index(op) for op in ops]
-    lengths = np.diff(trace.bounds)
-    batch = np.repeat(np.arange(trace.n_batches, dtype=np.int64), lengths)
-    keep = np.isin(trace.ops, codes)[batch]
-    keys, batch = trace.keys[keep], batch[keep]
-    if keys.size == 0:
-        return keys, batch
-    order = np.lexsort((keys, batch))
-    first = np.ones(order.shape[0], dtype=bool)
-    first[1:] = (keys[order[1:]] != keys[order[:-1]]) | (batch[order[1:]] != batch[order[:-1]])
-    pos = np.sort(order[first])
-    return keys[pos], batch[pos]
-
-
-@dataclass(frozen=True)
-class LruCurve:
-    """The exact LRU hit-rate curve of a (sampled) trace, scaled to the full key space.
-
-    ``distances`` (f,) float64, sorted: each reuse's stack distance divided by the sampling
-    rate (first accesses, which miss at any size, are left out but counted in ``accesses``).
-    """
-
-    rate: float
-    distances: np.ndarray
-    accesses: int
-    distinct: int
-    counted: int | None = None
-    """Accesses the table counted, unsampled (``Trace.counted_total``); None: unknown, and
-    hit rates are the sampled ones."""
-
-    def _misses_over(self, hits: np.ndarray) -> np.ndarray:
-        """Hit rates from sampled hit counts (see the module's note on SHARDS-adj)."""
-        if self.counted is None:
-            return hits / max(self.accesses, 1)
-        misses = (self.accesses - hits) / self.rate
-        return np.clip(1.0 - misses / max(self.counted, 1), 0.0, 1.0)
-
-    @property
-    def distinct_estimate(self) -> int:
-        """Distinct keys of the full trace (the sampled ones over the rate)."""
-        return round(self.distinct / self.rate)
-
-    def hit_rate(self, rows: Any) -> np.ndarray:
-        """Hit rate of an LRU cache of ``rows`` (array-like of ints): distance < rows."""
-        r = np.asarray(rows, dtype=np.float64)
-        return self._misses_over(np.searchsorted(self.distances, r, side="left"))
-
-    def rows_for(self, target: float) -> int | None:
-        """Fewest rows whose LRU hit rate reaches ``target``; None if cold misses alone
-        keep it below."""
-        if self.counted is None:
-            need = math.ceil(target * self.accesses - 1e-9)
-        else:  # sampled misses at most (1 - target) * counted * rate
-            need = math.ceil(self.accesses - (1 - target) * self.counted * self.rate - 1e-9)
-        if need <= 0:
-            return 0
-        if need > self.distances.shape[0]:
-            return None
-        return math.floor(float(self.distances[need - 1])) + 1
-
-    def mrc_hist_counts(self, n_bins: int = 100, height: int | None = None) -> Int64Array:
-        """TorchRec's ``CacheStatistics`` histogram (``EmbeddingOffloadStats``): n_bins bins
-        of LRU stack distance from 0 to ``height`` rows (the table's height; default, the
-        distinct keys): bin i counts the reuses an LRU cache of load factor (i+1)/n_bins
-        serves and one of i/n_bins may not, scaled to the full trace. First accesses are not
-        in it (TorchRec rescales the cumulative counts to 1); the accesses a sample holds too
-        few or too many of are added to bin 0, as SHARDS-adj does."""
-        h = self.distinct_estimate if height is None else height
-        bins = np.linspace(0, max(h, 1), n_bins + 1)
-        counts, _ = np.histogram(np.minimum(self.distances, bins[-1]), bins=bins)
-        full = counts / self.rate
-        if self.counted is not None:
-            full[0] = max(0.0, full[0] + self.counted - self.accesses / self.rate)
-        return np.round(full).astype(np.int64)
-
-    def torchrec_stats(self, n_batches: int, n_bins: int = 100) -> dict[str, Any]:
-        """The arguments of TorchRec's ``EmbeddingOffloadStats(cacheability,
-        expected_lookups, mrc_hist_counts, height)``; ``n_batches`` is how many batches the
-        accesses came in (expected_lookups is distinct ids per batch)."""
-        hist = self.mrc_hist_counts(n_bins)
-        cum = np.cumsum(hist) / max(int(hist.sum()), 1)
-        return {
-            "cacheability": float(np.mean(1.0 - cum)),  # area under the miss-ratio curve
-            "expected_lookups": round(self.accesses / self.rate / max(n_batches, 1)),
-            "mrc_hist_counts": hist.tolist(),
-            "height": self.distinct_estimate,
-        }
-
-
-def lru_curve(trace: Trace, ops: Sequence[str] = ("pull",)) -> LruCurve:
-    """The exact LRU curve of the trace's ``ops`` batches (see ``LruCurve``)."""
-    keys, _ = trace_accesses(trace, ops)
-    uniq, ids = np.unique(keys, return_inverse=True)
-    d = stack_distances(ids.astype(np.int64), uniq.shape[0])
-    reuse = np.sort(d[d >= 0]).astype(np.float64) / trace.header.rate
-    counted = trace.counted_total("pull") if tuple(ops) == ("pull",) else None
-    return LruCurve(trace.header.rate, reuse, int(keys.shape[0]), int(uniq.shape[0]), counted)
+# A size is simulated on a subsample of the trace (its keys of hash under a lower threshold)
+# when that still leaves its miniature this many rows: a large size needs no more, and the
+# replay costs what the kept keys do (see size_thresholds).
+MINIATURE_ROWS = 2048
 
 
 @dataclass(frozen=True)
 class PolicyCurve:
-    """Hit rates of evdb's own policy at candidate DRAM sizes, by miniature simulation.
+    """Hit rates of evdb's own policy at candidate sizes of a tier, by miniature simulation.
 
-    ``rows`` (k,) int64 the sizes asked for, ``mini_rows`` (k,) int64 the miniature tables'
-    ``dram_rows`` (rows x rate, at least 1), and per op ("pull", "lookup") the DRAM tier's
-    hits and misses (k,) int64 summed over the replay.
+    ``rows`` (k,) int64 the sizes asked for (of ``tier``), ``mini_rows`` (k,) int64 the
+    miniature tables' sizes of that tier (rows x rate, at least 1), ``rate`` the rate each
+    size's miniature was sampled at (a float, or (k,) float64: ``size_thresholds``), and per
+    op ("pull", "lookup") the DRAM tier's hits and misses (k,) int64 summed over the replay;
+    with an HBM tier, the HBM tier's too.
     """
 
     rows: Int64Array
     mini_rows: Int64Array
     hits: dict[str, Int64Array]
     misses: dict[str, Int64Array]
-    rate: float = 1.0
+    rate: float | np.ndarray = 1.0
     counted: dict[str, int | None] = dataclasses.field(default_factory=dict)
     """Per op, the accesses the table counted unsampled (``Trace.counted_total``)."""
+    tier: str = "dram"
+    hbm_hits: dict[str, Int64Array] | None = None
+    hbm_misses: dict[str, Int64Array] | None = None
 
     def hit_rate(self, op: str = "pull") -> np.ndarray:
-        """Per size; NaN where the trace has no ``op`` call (SHARDS-adj where the trace
-        knows the unsampled count, see the module's note)."""
-        total = self.hits[op] + self.misses[op]
+        """Per size, the share of accesses a cache tier answered (DRAM, or HBM or DRAM where
+        there is an HBM tier: what DRAM misses went below); NaN where the trace has no
+        ``op`` call (SHARDS-adj where the trace knows the unsampled count, see the module's
+        note)."""
+        if self.hbm_hits is None:
+            total = self.hits[op] + self.misses[op]
+            return self._share(self.hits[op], total, self.misses[op], op)
+        assert self.hbm_misses is not None
+        total = self.hbm_hits[op] + self.hbm_misses[op]
+        return self._share(total - self.misses[op], total, self.misses[op], op)
+
+    def sized_hit_rate(self, op: str = "pull") -> np.ndarray:
+        """The hit rate of the tier the sizes are of."""
+        hbm = self.hbm_hit_rate(op) if self.tier == "hbm" else None
+        return self.hit_rate(op) if hbm is None else hbm
+
+    def hbm_hit_rate(self, op: str = "pull") -> np.ndarray | None:
+        """Per size, the share of accesses the HBM tier answered (None: no HBM tier)."""
+        if self.hbm_hits is None or self.hbm_misses is None:
+            return None
+        total = self.hbm_hits[op] + self.hbm_misses[op]
+        return self._share(self.hbm_hits[op], total, self.hbm_misses[op], op)
+
+    def dram_tier_hit_rate(self, op: str = "pull") -> np.ndarray:
+        """Per size, the DRAM tier's own hit rate, of the accesses that reached it (the
+        table's ``stats()["tiers"]["dram"]`` hits over hits and misses): under an HBM
+        tier, (HBM-or-DRAM share - HBM share) / (1 - HBM share)."""
+        both, hbm = self.hit_rate(op), self.hbm_hit_rate(op)
+        if hbm is None:
+            return both
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(hbm < 1.0, (both - hbm) / (1.0 - hbm), np.nan)
+
+    def _share(
+        self, hits: np.ndarray, total: np.ndarray, misses: np.ndarray, op: str
+    ) -> np.ndarray:
         counted = self.counted.get(op)
         if counted is None or counted == 0:
-            return np.where(total > 0, self.hits[op] / np.maximum(total, 1), np.nan)
-        return np.clip(1.0 - self.misses[op] / self.rate / counted, 0.0, 1.0)
+            return np.where(total > 0, hits / np.maximum(total, 1), np.nan)
+        return np.clip(1.0 - misses / self.rate / counted, 0.0, 1.0)
 
     def rows_for(self, target: float, op: str = "pull") -> int | None:
         """Fewest rows reaching ``target``, interpolated linearly between the simulated size
-        below it and the first one that reaches it; None if none does."""
-        rate = self.hit_rate(op)
+        below it and the first one that reaches it; None if none does. The rate is the
+        sized tier's: ``hbm_hit_rate`` for ``tier="hbm"``, else ``hit_rate``."""
+        rate = self.sized_hit_rate(op)
         ok = np.flatnonzero(rate >= target)
         if ok.size == 0:
             return None
@@ -214,11 +150,14 @@ class PolicyCurve:
         return math.ceil(float(lo + frac * (hi - lo)))
 
 
-def miniature_config(config: TableConfig, rows: int, rate: float) -> TableConfig:
-    """The configuration of a miniature of ``config`` with a DRAM tier of ``rows`` full-scale
-    rows: the same admission (its memory bounds scaled by ``rate``), TTL, eviction and disk
-    tier; dim 1, zeros and SGD (a row's values do not steer any policy); no HBM tier (the
-    DRAM tier is the one sized)."""
+def miniature_config(
+    config: TableConfig, rows: int, rate: float, *, tier: str = "dram"
+) -> TableConfig:
+    """The configuration of a miniature of ``config`` whose ``tier`` ("dram" or "hbm") holds
+    ``rows`` full-scale rows: the same admission (its memory bounds scaled by ``rate``), TTL,
+    eviction and disk tier, the other cache tier at its own size scaled by ``rate``; dim 1,
+    zeros and SGD (a row's values do not steer any policy); an HBM tier emulated on the CPU
+    (its caching logic is the same code)."""
     mini = max(1, round(rows * rate))
     admission = config.admission
     if isinstance(admission, Counter):
@@ -229,6 +168,19 @@ def miniature_config(config: TableConfig, rows: int, rate: float) -> TableConfig
         admission = dataclasses.replace(
             admission, capacity=max(1, round(admission.capacity * rate))
         )
+    dram_rows = config.dram.capacity_rows
+    hbm = None
+    if tier == "hbm":
+        if config.hbm is None:
+            raise InvalidArgumentError("tier='hbm' needs a table with an HBM tier (hbm_rows)")
+        hbm = HbmConfig(mini, device="cpu")
+        dram_rows = None if dram_rows is None else max(1, round(dram_rows * rate))
+    elif tier == "dram":
+        if config.hbm is not None:
+            hbm = HbmConfig(max(1, round(config.hbm.capacity_rows * rate)), device="cpu")
+        dram_rows = mini
+    else:
+        raise InvalidArgumentError(f"tier must be 'dram' or 'hbm', got {tier!r}")
     return dataclasses.replace(
         config,
         dim=1,
@@ -239,23 +191,27 @@ def miniature_config(config: TableConfig, rows: int, rate: float) -> TableConfig
         l2_threshold=None,
         keep_strings=False,
         default_value="init",
-        hbm=None,
+        hbm=hbm,
         disk=None if config.disk is None else DiskConfig(),
-        dram=dataclasses.replace(config.dram, capacity_rows=mini, initial_rows=0),
+        dram=dataclasses.replace(config.dram, capacity_rows=dram_rows, initial_rows=0),
     )
 
 
-def _tier_counts(table: evdb.Table) -> tuple[int, int]:
-    dram = table.stats()["tiers"]["dram"]
-    return int(dram["hits"]), int(dram["misses"])
-
-
-def _split_counts(table: evdb.Table) -> dict[str, tuple[int, int]] | None:
-    """The DRAM tier's hits and misses per op, where its stats split them (else None)."""
-    dram = table.stats()["tiers"]["dram"]
-    if "pull_hits" not in dram:
-        return None
-    return {op: (int(dram[f"{op}_hits"]), int(dram[f"{op}_misses"])) for op in OPS}
+def size_thresholds(trace: Trace, rows: Sequence[int]) -> Int64Array:
+    """Per size, the hash threshold of the subsample its miniature replays: the trace's own
+    (``rate * 2**53``), halved while that leaves the miniature ``MINIATURE_ROWS`` rows and
+    stays at or above the rate the recorder was asked for (``TraceHeader.floor_rate``; a
+    fixed-rate trace is never subsampled). A large size needs no more keys than that, and a
+    small one keeps all the trace has."""
+    top = round(trace.header.rate * FULL)
+    floor = round((trace.header.floor_rate or trace.header.rate) * FULL)
+    out = []
+    for r in rows:
+        t = top
+        while t // 2 >= floor and (t // 2) * int(r) >= MINIATURE_ROWS * FULL:
+            t //= 2
+        out.append(t)
+    return np.array(out, dtype=np.int64)
 
 
 def simulate(
@@ -263,51 +219,89 @@ def simulate(
     rows: Sequence[int],
     *,
     config: TableConfig | None = None,
+    tier: str = "dram",
     push: bool = True,
     progress: ProgressFn | None = None,
 ) -> PolicyCurve:
-    """Replay the trace through miniature evdb tables, one per size in ``rows``.
+    """Replay the trace through miniature evdb tables, one per size in ``rows`` of ``tier``
+    ("dram", or "hbm" for a table with an HBM tier).
 
     Each batch is pulled (or looked up) at its recorded step in every miniature (see
-    ``miniature_config``); ``config`` defaults to the one in the trace's header. With
-    ``push`` (the default, as training does) each pull is pushed a zero gradient: a push
-    unpins the batch and evicts down to the watermark at once, at the pull's step, which
-    moves the victims (and the next batch's hits) against a pull that waits for the next
-    pull to evict. Without a disk tier, a miniature is made at least as big as the trace's
-    largest batch (a table without one refuses a pull of more distinct keys than rows).
-    ``progress(done, total)`` is called with batches replayed.
+    ``miniature_config``), of the subsample ``size_thresholds`` picks for its size;
+    ``config`` defaults to the one in the trace's header. With ``push`` (the default, as
+    training does) each pull is pushed a zero gradient: a push unpins the batch and evicts
+    down to the watermark at once, at the pull's step, which moves the victims (and the next
+    batch's hits) against a pull that waits for the next pull to evict. Without a disk tier,
+    a miniature's DRAM is made at least as big as the trace's largest batch (a table without
+    one refuses a pull of more distinct keys than rows). ``progress(done, total)`` is called
+    with batches replayed.
     """
     conf = _config(trace, config)
     sizes = np.asarray(rows, dtype=np.int64)
     if sizes.ndim != 1 or sizes.size == 0 or (sizes < 1).any():
         raise InvalidArgumentError(f"rows must be a non-empty list of ints >= 1, got {rows!r}")
-    minis = [miniature_config(conf, int(r), trace.header.rate) for r in sizes]
-    if conf.disk is None and trace.n_batches:
-        widest = int(np.diff(trace.bounds).max())
-        minis = [
-            dataclasses.replace(
-                m,
-                dram=dataclasses.replace(
-                    m.dram, capacity_rows=max(widest, m.dram.capacity_rows or 1)
-                ),
-            )
+    thresholds = size_thresholds(trace, sizes.tolist())
+    groups = sorted(set(thresholds.tolist()), reverse=True)
+    mini_rows = np.zeros(sizes.shape[0], dtype=np.int64)
+    counts = {
+        f"{tier_name}_{kind}": {op: np.zeros(sizes.shape[0], dtype=np.int64) for op in OPS}
+        for tier_name in ("dram", "hbm")
+        for kind in ("hits", "misses")
+    }
+    for g, threshold in enumerate(groups):
+        at = np.flatnonzero(thresholds == threshold)
+        sub = trace if threshold == round(trace.header.rate * FULL) else trace.subsample(threshold)
+        minis = [miniature_config(conf, int(sizes[j]), threshold / FULL, tier=tier) for j in at]
+        minis = [_fit_batches(m, sub) for m in minis]
+        mini_rows[at] = [
+            m.hbm.capacity_rows if tier == "hbm" and m.hbm else (m.dram.capacity_rows or 0)
             for m in minis
         ]
-    hits = {op: np.zeros(sizes.shape[0], dtype=np.int64) for op in OPS}
-    misses = {op: np.zeros(sizes.shape[0], dtype=np.int64) for op in OPS}
+
+        def step(i: int, total: int, base: int = g * trace.n_batches) -> None:
+            if progress is not None:
+                progress(base + i, len(groups) * total)
+
+        for name, per_op in _replay(sub, minis, push, step).items():
+            for op, values in per_op.items():
+                counts[name][op][at] = values
+    rates = thresholds / FULL
+    has_hbm = conf.hbm is not None
+    return PolicyCurve(
+        sizes,
+        mini_rows,
+        counts["dram_hits"],
+        counts["dram_misses"],
+        rates,
+        {op: trace.counted_total(op) for op in OPS},
+        tier=tier,
+        hbm_hits=counts["hbm_hits"] if has_hbm else None,
+        hbm_misses=counts["hbm_misses"] if has_hbm else None,
+    )
+
+
+def _fit_batches(mini: TableConfig, trace: Trace) -> TableConfig:
+    """Without a disk tier, a bounded DRAM at least as big as the widest batch."""
+    if mini.disk is not None or mini.dram.capacity_rows is None or not trace.n_batches:
+        return mini
+    widest = int(np.diff(trace.bounds).max())
+    rows = max(widest, mini.dram.capacity_rows)
+    return dataclasses.replace(mini, dram=dataclasses.replace(mini.dram, capacity_rows=rows))
+
+
+def _replay(
+    trace: Trace, minis: list[TableConfig], push: bool, progress: ProgressFn
+) -> dict[str, dict[str, Int64Array]]:
+    """Replay the trace through one table per config; per counter ("dram_hits",
+    "dram_misses", "hbm_hits", "hbm_misses") and op, (len(minis),) int64."""
     work = tempfile.mkdtemp(prefix="evdb-size-")
     try:
         with evdb.open(work) as db:
             tables = [_create(db, f"mini{i}", m) for i, m in enumerate(minis)]
-            split = _split_counts(tables[0]) is not None  # else: read where the op changes
             first = int(trace.steps[0]) if trace.n_batches else 0
             db.advance(max(first, 0))
             ops, steps, b = trace.ops.tolist(), trace.steps.tolist(), trace.bounds.tolist()
-            run_op, before = -1, [(0, 0)] * len(tables)
             for i in range(trace.n_batches):
-                if ops[i] != run_op and not split:  # counters read where the op changes
-                    _add(tables, before, run_op, hits, misses)
-                    before, run_op = [_tier_counts(t) for t in tables], ops[i]
                 if steps[i] > db.step:
                     db.advance(steps[i] - db.step)
                 keys = trace.keys[b[i] : b[i + 1]]
@@ -320,35 +314,24 @@ def simulate(
                             t.push(pulled, np.zeros((pulled.keys.shape[0], 1), np.float32))
                     else:
                         t.lookup(keys)
-                if progress is not None and (i % 64 == 63 or i == trace.n_batches - 1):
+                if i % 64 == 63 or i == trace.n_batches - 1:
                     progress(i + 1, trace.n_batches)
-            if split:
-                for j, t in enumerate(tables):
-                    for op, (h, m) in (_split_counts(t) or {}).items():
-                        hits[op][j], misses[op][j] = h, m
-            else:
-                _add(tables, before, run_op, hits, misses)
+            out = {
+                f"{tier}_{kind}": {op: np.zeros(len(tables), dtype=np.int64) for op in OPS}
+                for tier in ("dram", "hbm")
+                for kind in ("hits", "misses")
+            }
+            for j, t in enumerate(tables):
+                tiers = t.stats()["tiers"]
+                for tier in ("dram", "hbm"):
+                    if tier in tiers:
+                        for op in OPS:
+                            out[f"{tier}_hits"][op][j] = int(tiers[tier][f"{op}_hits"])
+                            out[f"{tier}_misses"][op][j] = int(tiers[tier][f"{op}_misses"])
             db.close(flush=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    mini_rows = np.array([m.dram.capacity_rows for m in minis], dtype=np.int64)
-    counted = {op: trace.counted_total(op) for op in OPS}
-    return PolicyCurve(sizes, mini_rows, hits, misses, trace.header.rate, counted)
-
-
-def _add(
-    tables: list[evdb.Table],
-    before: list[tuple[int, int]],
-    op: int,
-    hits: dict[str, Int64Array],
-    misses: dict[str, Int64Array],
-) -> None:
-    if op < 0:
-        return
-    for j, t in enumerate(tables):
-        h, m = _tier_counts(t)
-        hits[OPS[op]][j] += h - before[j][0]
-        misses[OPS[op]][j] += m - before[j][1]
+    return out
 
 
 def _create(db: evdb.Database, name: str, c: TableConfig) -> evdb.Table:
@@ -360,6 +343,7 @@ def _create(db: evdb.Database, name: str, c: TableConfig) -> evdb.Table:
         optimizer=c.optimizer,
         ttl_steps=c.ttl_steps,
         dram=c.dram,
+        hbm=c.hbm,
         disk=False if c.disk is None else c.disk,
     )
 
@@ -388,97 +372,6 @@ def candidate_rows(lru: LruCurve, *, extra: Sequence[int] = (), points: int = 12
     return sorted(r for r in found if r >= 1)
 
 
-@dataclass(frozen=True)
-class SizingReport:
-    """What ``evdb size`` prints: both curves, rows for the targets, the current size."""
-
-    table: str
-    rate: float
-    accesses: int
-    distinct: int
-    batches: int
-    targets: tuple[float, ...]
-    current_rows: int | None
-    lru: LruCurve
-    policy: PolicyCurve | None
-
-    @property
-    def warnings(self) -> list[str]:
-        out = []
-        if self.policy is not None and (self.policy.mini_rows < MIN_MINIATURE_ROWS).any():
-            small = int(self.policy.rows[self.policy.mini_rows < MIN_MINIATURE_ROWS].max())
-            out.append(
-                f"sizes up to {small:,} rows were simulated with miniatures of fewer than "
-                f"{MIN_MINIATURE_ROWS} rows: their hit rates may be off by a few points "
-                f"(record at a rate of at least {MIN_MINIATURE_ROWS / max(small, 1):.2g} to "
-                "size them)"
-            )
-        if self.distinct < MIN_SAMPLED_KEYS:
-            need = min(1.0, MIN_SAMPLED_KEYS / max(self.lru.distinct_estimate, 1))
-            out.append(
-                f"only {self.distinct} distinct keys were sampled (fewer than "
-                f"{MIN_SAMPLED_KEYS}): the curves may be off by several points; record at a "
-                f"rate of at least {need:.2g}"
-            )
-        return out
-
-    def to_dict(self, n_bins: int = 100) -> dict[str, Any]:
-        policy = self.policy
-        out: dict[str, Any] = {
-            "table": self.table,
-            "rate": self.rate,
-            "sampled_accesses": self.accesses,
-            "sampled_distinct_keys": self.distinct,
-            "estimated_accesses": round(self.accesses / self.rate),
-            "estimated_distinct_keys": self.lru.distinct_estimate,
-            "current_dram_rows": self.current_rows,
-            # the most the simulated sizes reach (the default grid goes up to every distinct
-            # key): first accesses always miss, and admission and TTL turn keys away
-            "highest_hit_rate": {
-                "evdb": None if policy is None else _highest(policy.hit_rate()),
-                "lru": _num(float(self.lru.hit_rate([np.inf])[0])),
-            },
-            "targets": {
-                f"{t:g}": {
-                    "evdb_rows": None if policy is None else policy.rows_for(t),
-                    "lru_rows": self.lru.rows_for(t),
-                }
-                for t in self.targets
-            },
-            "curve": [],
-            "torchrec": self.lru.torchrec_stats(self.batches, n_bins),
-            "warnings": self.warnings,
-        }
-        if policy is not None:
-            lru = self.lru.hit_rate(policy.rows)
-            pull = policy.hit_rate("pull")
-            look = policy.hit_rate("lookup")
-            out["curve"] = [
-                {
-                    "dram_rows": int(r),
-                    "miniature_rows": int(m),
-                    "evdb_hit_rate": _num(pull[i]),
-                    "evdb_lookup_hit_rate": _num(look[i]),
-                    "lru_hit_rate": _num(lru[i]),
-                    "reliable": bool(m >= MIN_MINIATURE_ROWS),  # see MIN_MINIATURE_ROWS
-                }
-                for i, (r, m) in enumerate(zip(policy.rows, policy.mini_rows, strict=True))
-            ]
-            if self.current_rows is not None:
-                at = np.flatnonzero(policy.rows == self.current_rows)
-                if at.size:
-                    out["current_hit_rate"] = {"dram": _num(pull[int(at[0])])}
-        return out
-
-
-def _highest(rates: np.ndarray) -> float | None:
-    return None if np.isnan(rates).all() else _num(float(np.nanmax(rates)))
-
-
-def _num(x: float) -> float | None:
-    return None if np.isnan(x) else round(float(x), 6)
-
-
 def size_table(
     trace: Trace,
     *,
@@ -486,11 +379,12 @@ def size_table(
     targets: Sequence[float] = DEFAULT_TARGETS,
     config: TableConfig | None = None,
     simulate_policy: bool = True,
+    tier: str = "dram",
     progress: ProgressFn | None = None,
 ) -> SizingReport:
     """The whole analysis ``evdb size`` runs: the LRU curve, then (``simulate_policy``) the
-    miniature simulation at ``rows`` (default ``candidate_rows``, plus the table's current
-    ``dram_rows``)."""
+    miniature simulation at ``rows`` of ``tier`` (default ``candidate_rows``, plus the
+    table's current size of that tier)."""
     for t in targets:
         if not 0.0 < t <= 1.0:
             raise InvalidArgumentError(f"targets must be in (0, 1], got {t!r}")
@@ -499,12 +393,16 @@ def size_table(
     if simulate_policy or config is not None or trace.header.config is not None:
         conf = _config(trace, config)  # a user's log without config= can only get LRU
     current = None if conf is None else conf.dram.capacity_rows
+    if tier == "hbm":
+        if conf is None or conf.hbm is None:
+            raise InvalidArgumentError("tier='hbm' needs a table with an HBM tier (hbm_rows)")
+        current = conf.hbm.capacity_rows
     policy = None
     if simulate_policy:
         sizes = list(rows) if rows else candidate_rows(lru, extra=[current] if current else [])
         if rows and current:
             sizes = sorted({*sizes, current})
-        policy = simulate(trace, sizes, config=conf, progress=progress)
+        policy = simulate(trace, sizes, config=conf, tier=tier, progress=progress)
     n_pull_batches = int(np.count_nonzero(trace.ops == OPS.index("pull")))
     return SizingReport(
         trace.header.table,

@@ -6,7 +6,7 @@ and writes them, batch by batch with their operation and step, to one chunked fi
 can also come from the user's own logs (``read_key_log``: an npy, npz or parquet column of
 keys, with optional steps: ``evdb.sizing_logs``), sampled the same way as it is read.
 
-File format (little-endian; version 1)::
+File format (little-endian; version 2, which adds ``min_keys`` to version 1's header)::
 
     "EVDBTRC1" | u32 header_len | header (UTF-8 JSON) | u32 crc32(header)
     chunk*:  "CHNK" | u32 n_batches | u64 n_keys | u32 crc32(payload) | payload
@@ -15,7 +15,9 @@ File format (little-endian; version 1)::
     end:     "END!" | u64 batches | u64 keys | u64 seen | u32 crc32(those 24 bytes)
 
 The header names the table, the digest of its configuration (and the configuration itself,
-so ``evdb size`` can simulate it without the database), the sampling rate and seed. ``seen``
+so ``evdb size`` can simulate it without the database), the sampling rate and seed, and
+``min_keys``: the rate is raised while fewer keys than that were kept (fixed-size SHARDS,
+``evdb.trace_sample``; the reader drops the keys kept before it fell). ``seen``
 is each batch's key count before sampling, ``counted`` the accesses the table's hit and miss
 counters count for it (a pull's distinct keys, a lookup's positions; -1 if unknown). A batch's
 kept keys are one run of ``keys``; every call is a batch, also one that kept no key (its
@@ -25,14 +27,13 @@ it (a crash, a copy cut short) is refused unless the caller accepts its complete
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,23 +42,40 @@ import numpy as np
 from evdb._types import Int64Array
 from evdb.errors import CorruptDataError, InvalidArgumentError
 from evdb.sizing_kernels import sample_into, sample_threshold
+from evdb.trace_format import (
+    DEFAULT_MIN_KEYS,
+    MAGIC,
+    OPS,
+    READS,
+    Trace,
+    TraceHeader,
+    config_digest,
+    op_code,
+    parse_rate,
+    parse_seed,
+    salt_of,
+)
+from evdb.trace_sample import FULL, SmallestHashes, final_threshold, key_hashes
 
 if TYPE_CHECKING:
     from evdb.config import TableConfig
     from evdb.table import Table
 
 __all__ = [
+    "DEFAULT_MIN_KEYS",
+    "MAGIC",
     "OPS",
     "KeyRecorder",
     "Trace",
     "TraceHeader",
     "config_digest",
+    "op_code",
+    "parse_rate",
+    "parse_seed",
     "read_trace",
+    "salt_of",
 ]
 
-OPS = ("pull", "lookup")  # op codes 0 and 1 in the file
-FORMAT = 1
-MAGIC = b"EVDBTRC1"
 _CHUNK = b"CHNK"
 _END = b"END!"
 _CHUNK_HEAD = struct.Struct("<4sIQI")
@@ -65,103 +83,6 @@ _END_BODY = struct.Struct("<QQQ")
 _U32 = struct.Struct("<I")
 _CHUNK_KEYS = 1 << 20  # kept keys buffered before a chunk is written (8 MiB)
 _CHUNK_BATCHES = 1 << 16
-
-
-def config_digest(config: Mapping[str, Any] | None) -> str:
-    """sha256 of a table configuration's canonical JSON (``TableConfig.to_dict()``), without
-    the optimizer's learning rate (a schedule changes it while the trace is recorded)."""
-    if config is not None and isinstance(config.get("optimizer"), Mapping):
-        optimizer = {k: v for k, v in config["optimizer"].items() if k != "lr"}
-        config = {**config, "optimizer": optimizer}
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def salt_of(seed: int) -> int:
-    """The value XORed into keys before hashing, for a trace's seed."""
-    return int(np.uint64(seed) ^ np.uint64(0x9E3779B97F4A7C15))
-
-
-def parse_rate(rate: Any) -> float:
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
-        raise InvalidArgumentError(f"rate must be a number in (0, 1], got {rate!r}")
-    return float(rate)
-
-
-def parse_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-        raise InvalidArgumentError(f"seed must be an int in [0, 2**64), got {seed!r}")
-    return seed
-
-
-@dataclass(frozen=True)
-class TraceHeader:
-    """What a trace says about itself."""
-
-    table: str
-    """The table it was recorded from ("" for a user's log)."""
-    config: dict[str, Any] | None
-    """That table's ``TableConfig.to_dict()``, or None when unknown."""
-    config_digest: str
-    """``config_digest(config)``: what ``read_trace(table=...)`` compares."""
-    rate: float
-    """The fraction of the key space kept, in (0, 1]."""
-    seed: int
-    """Salt of the key hash that chose them."""
-    source: str = "evdb"
-    """"evdb" (a ``KeyRecorder``), or the kind of user log it was read from."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "table": self.table,
-            "config": self.config,
-            "config_digest": self.config_digest,
-            "rate": self.rate,
-            "seed": self.seed,
-            "source": self.source,
-        }
-
-
-@dataclass(frozen=True)
-class Trace:
-    """A sampled key trace in memory: batches of kept keys with their operation and step.
-
-    ::
-
-        keys    [ 7 3 | 9 | 3 7 7 ]      (m,) int64, the kept keys, batch after batch
-        bounds  [0,    2,  3,     6]     (b + 1,) int64, batch i is keys[bounds[i]:bounds[i+1]]
-        ops     [pull, lookup, pull]     (b,) uint8, index into OPS
-        steps   [0,    0,      1]        (b,) int64, the database's step at the call
-        seen    [812,  40,     797]      (b,) int64, the batch's keys before sampling
-        counted [430,  40,     415]      (b,) int64, accesses the table counts (-1: unknown)
-    """
-
-    header: TraceHeader
-    keys: Int64Array
-    bounds: Int64Array
-    ops: np.ndarray
-    steps: Int64Array
-    seen: Int64Array
-    counted: Int64Array
-    complete: bool = True
-    """False when read with ``allow_incomplete`` from a file without its end record."""
-
-    def counted_total(self, op: str = "pull") -> int | None:
-        """Accesses the table counted in the ``op`` calls, sampled or not (what a sampled
-        miss count is divided by, as SHARDS-adj does); None if a call did not say."""
-        c = self.counted[self.ops == OPS.index(op)]
-        return None if (c < 0).any() else int(c.sum())
-
-    @property
-    def n_batches(self) -> int:
-        return int(self.ops.shape[0])
-
-    def batches(self) -> Iterator[tuple[str, int, Int64Array]]:
-        """(op, step, keys) of each batch, in order."""
-        b = self.bounds.tolist()
-        for i, (op, step) in enumerate(zip(self.ops.tolist(), self.steps.tolist(), strict=True)):
-            yield OPS[op], step, self.keys[b[i] : b[i + 1]]
 
 
 class KeyRecorder:
@@ -177,6 +98,11 @@ class KeyRecorder:
         The table's configuration, kept in the header (``evdb size`` simulates it).
     rate : float
         Fraction of the key space kept, in (0, 1]; 0.01 by default.
+    min_keys : int
+        Keep at least this many distinct keys (32,768 by default; 0: exactly ``rate``): the
+        rate starts at 1 and falls as new keys come, down to ``rate`` (fixed-size SHARDS,
+        ``evdb.trace_sample``). A small key space is then recorded whole, and a large one
+        at ``rate``, with enough keys between for a small cache's miniature.
     seed : int
         Salt of the key hash (two recorders with one seed keep the same keys).
 
@@ -203,19 +129,27 @@ class KeyRecorder:
         table: str,
         config: TableConfig | Mapping[str, Any] | None = None,
         rate: float = 0.01,
+        min_keys: int = DEFAULT_MIN_KEYS,
         seed: int = 0,
         overwrite: bool = False,
     ) -> None:
         if not isinstance(table, str):
             raise InvalidArgumentError(f"table must be a str, got {table!r}")
+        if isinstance(min_keys, bool) or not isinstance(min_keys, int) or min_keys < 0:
+            raise InvalidArgumentError(f"min_keys must be an int >= 0, got {min_keys!r}")
         conf = None if config is None else dict(_config_dict(config))
         self.header = TraceHeader(
-            table, conf, config_digest(conf), parse_rate(rate), parse_seed(seed)
+            table,
+            conf,
+            config_digest(conf),
+            parse_rate(rate),
+            parse_seed(seed),
+            min_keys=min_keys,
         )
         self.path = Path(path)
         self._salt = np.uint64(salt_of(seed))
-        self._threshold = np.uint64(sample_threshold(self.header.rate))
-        self._all = self.header.rate == 1.0
+        self._smallest = SmallestHashes(min_keys, sample_threshold(self.header.rate))
+        self._threshold = np.uint64(self._smallest.threshold)
         self._lock = threading.Lock()
         self._keys: list[Int64Array] = []
         self._meta: list[tuple[int, int, int, int, int]] = []  # op, step, kept, seen, counted
@@ -232,17 +166,26 @@ class KeyRecorder:
         path: str | os.PathLike[str],
         *,
         rate: float = 0.01,
+        min_keys: int = DEFAULT_MIN_KEYS,
         seed: int = 0,
         overwrite: bool = False,
     ) -> KeyRecorder:
         """A recorder whose header names ``table`` and its configuration."""
         return cls(
-            path, table=table.name, config=table.config, rate=rate, seed=seed, overwrite=overwrite
+            path,
+            table=table.name,
+            config=table.config,
+            rate=rate,
+            min_keys=min_keys,
+            seed=seed,
+            overwrite=overwrite,
         )
 
     @property
     def rate(self) -> float:
-        return self.header.rate
+        """The rate keys are kept at now: 1 at first where ``min_keys`` is set, falling to
+        the rate asked for as the distinct keys grow."""
+        return int(self._threshold) / FULL
 
     def record(self, op: str, keys: Int64Array, step: int, *, counted: int | None = None) -> None:
         """Keep the sampled keys of one call: ``op`` "pull" or "lookup", ``keys`` (n,) int64
@@ -259,14 +202,17 @@ class KeyRecorder:
         n = k.shape[0]
         if counted is None:
             counted = n if code == 1 else -1
-        if self._all:
+        threshold = self._threshold  # read once: another thread may lower it (still safe)
+        if threshold == FULL:
             kept = k.copy()
         else:
             if not k.flags.c_contiguous:
                 k = np.ascontiguousarray(k)
             out = np.empty(n, dtype=np.int64)
-            kept = out[: sample_into(k, self._salt, self._threshold, out)].copy()
+            kept = out[: sample_into(k, self._salt, threshold, out)].copy()
         with self._lock:
+            if not self._smallest.settled:  # fixed-size SHARDS: the threshold falls
+                self._threshold = np.uint64(self._smallest.add(key_hashes(kept, int(self._salt))))
             self.batches += 1
             self.seen += n
             self._keys.append(kept)
@@ -320,7 +266,10 @@ class KeyRecorder:
         self.close()
 
     def __repr__(self) -> str:
-        return f"KeyRecorder({str(self.path)!r}, table={self.header.table!r}, rate={self.rate})"
+        return (
+            f"KeyRecorder({str(self.path)!r}, table={self.header.table!r}, "
+            f"rate={self.header.rate}, min_keys={self.header.min_keys})"
+        )
 
 
 def _config_dict(config: Any) -> Mapping[str, Any]:
@@ -330,13 +279,6 @@ def _config_dict(config: Any) -> Mapping[str, Any]:
     if to_dict is None:
         raise InvalidArgumentError(f"config must be a TableConfig or a dict, got {config!r}")
     return to_dict()  # type: ignore[no-any-return]
-
-
-def op_code(op: str) -> int:
-    try:
-        return OPS.index(op)
-    except ValueError:
-        raise InvalidArgumentError(f"op must be one of {OPS}, got {op!r}") from None
 
 
 # -- reading ----------------------------------------------------------------------------
@@ -393,10 +335,15 @@ def read_trace(
     if zlib.crc32(head) != crc:
         raise r.bad("the header's checksum does not match")
     meta = json.loads(head)
-    if meta.get("format") != FORMAT:
-        raise r.bad(f"format {meta.get('format')!r}, this evdb reads {FORMAT}")
+    if meta.get("format") not in READS:
+        raise r.bad(f"format {meta.get('format')!r}, this evdb reads {READS}")
     header = TraceHeader(
-        meta["table"], meta["config"], meta["config_digest"], meta["rate"], meta["seed"]
+        meta["table"],
+        meta["config"],
+        meta["config_digest"],
+        meta["rate"],
+        meta["seed"],
+        min_keys=int(meta.get("min_keys", 0)),
     )
     _check_table(header, table, r.path)
     parts: list[tuple[np.ndarray, ...]] = []
@@ -441,7 +388,7 @@ def read_trace(
                 f"the end record counts {calls} calls, {kept} keys kept of {seen}; the chunks "
                 f"hold {trace.n_batches}, {trace.keys.shape[0]} of {int(trace.seen.sum())}"
             )
-    return trace
+    return _settle(trace)
 
 
 def _check_table(header: TraceHeader, table: Table | str | None, path: Path) -> None:
@@ -475,3 +422,16 @@ def _assemble(header: TraceHeader, parts: list[tuple[np.ndarray, ...]], complete
     np.cumsum(lengths, out=bounds[1:])
     steps, seen, counted, keys = (cat(i, np.int64) for i in (1, 3, 4, 5))
     return Trace(header, keys, bounds, ops, steps, seen, counted, complete)
+
+
+def _settle(trace: Trace) -> Trace:
+    """Drop the keys kept before the threshold fell to where it ended (``min_keys``)."""
+    header = trace.header
+    if header.min_keys <= 0:
+        return trace
+    salt, floor = salt_of(header.seed), sample_threshold(header.rate)
+    threshold = final_threshold(trace.keys, salt, header.min_keys, floor)
+    settled = trace.subsample(threshold)
+    rate = header.rate if threshold == floor else settled.header.rate  # the floor: as asked
+    header = dataclasses.replace(settled.header, rate=rate, floor_rate=header.rate)
+    return dataclasses.replace(settled, header=header)

@@ -16,7 +16,7 @@ LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
     | {"evdb.torch_autograd", "evdb.torch_inputs", "evdb.torch_metrics"}  # the binding's parts
     | {"evdb.distributed"}  # sharding: a layer above Database and Table (DESIGN)
-    | {"evdb.sizing", "evdb.sizing_logs"}  # tier sizing: it replays a trace through tables
+    | {"evdb.sizing", "evdb.sizing_logs", "evdb.sizing_lru", "evdb.sizing_report"}  # tier sizing
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
     {"evdb", "evdb.database", "evdb.storage", "evdb.checkpoint", "evdb.checkpoint_restore"}
     | {"evdb.manifest", "evdb.publish", "evdb.publish_root"}  # the facade, its files on disk
@@ -26,7 +26,8 @@ LAYERS = [
     {"evdb.table_scans"},  # whole-table reads,
     {"evdb.table_reads", "evdb.pulled", "evdb.strings", "evdb.table_meta"}  # point reads
     | {"evdb.neighbors", "evdb.sampling"},  # Table.neighbors' body; the dashboard's row sample
-    {"evdb.dedup", "evdb.trace", "evdb.sizing_kernels"},  # a table's scratch and key trace
+    {"evdb.dedup", "evdb.trace", "evdb.trace_format", "evdb.trace_sample"}  # key trace
+    | {"evdb.sizing_kernels"},  # a table's scratch, key trace and its kernels
     {"evdb.tiers"},
     {"evdb.config", "evdb.admission", "evdb.bags", "evdb.hashindex", "evdb.arrays"}
     | {"evdb.changelog"},

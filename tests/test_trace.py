@@ -56,7 +56,7 @@ def test_sampling_kernel_matches_reference(seed: int) -> None:
 
 def test_sampling_is_spatial_and_near_the_rate(tmp_path: Path) -> None:
     keys = np.arange(200_000, dtype=np.int64)
-    with KeyRecorder(tmp_path / "t", table="x", rate=0.01, seed=3) as rec:
+    with KeyRecorder(tmp_path / "t", table="x", rate=0.01, seed=3, min_keys=0) as rec:
         rec.record("pull", keys, 0)
         rec.record("pull", keys[::-1].copy(), 1)  # the same keys again: the same ones kept
         rec.record("pull", np.repeat(keys[:1000], 3), 2)
@@ -94,7 +94,7 @@ def test_chunks_and_empty_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(trace_mod, "_CHUNK_KEYS", 100)  # many chunks
     rng = np.random.default_rng(1)
-    with KeyRecorder(tmp_path / "t", table="x", rate=0.05) as rec:
+    with KeyRecorder(tmp_path / "t", table="x", rate=0.05, min_keys=0) as rec:
         batches = [rng.integers(0, 10**6, 300).astype(np.int64) for _ in range(40)]
         for i, b in enumerate(batches):
             rec.record("pull", b, i)
@@ -194,7 +194,7 @@ def test_user_key_logs(tmp_path: Path) -> None:
     np.testing.assert_array_equal(tr.keys, keys)
     np.savez(tmp_path / "k.npz", key=keys, step=steps)
     sampled = open_trace(tmp_path / "k.npz", rate=0.1, seed=5)
-    with KeyRecorder(tmp_path / "same", table="", rate=0.1, seed=5) as rec:
+    with KeyRecorder(tmp_path / "same", table="", rate=0.1, seed=5, min_keys=0) as rec:
         for s in range(100):
             rec.record("pull", keys[steps == s], s)
     rec_trace = read_trace(tmp_path / "same")
@@ -222,7 +222,7 @@ def test_parquet_key_log(tmp_path: Path) -> None:
 
 def test_strided_keys_are_recorded(tmp_path: Path) -> None:
     keys = np.arange(100_000, dtype=np.int64)
-    with KeyRecorder(tmp_path / "t", table="x", rate=0.1, seed=9) as rec:
+    with KeyRecorder(tmp_path / "t", table="x", rate=0.1, seed=9, min_keys=0) as rec:
         rec.record("pull", keys[::3], 0)  # a view of the caller's array
     want = sample_keys_reference(keys[::3].copy(), 9 ^ 0x9E3779B97F4A7C15, sample_threshold(0.1))
     np.testing.assert_array_equal(read_trace(tmp_path / "t").keys, want)

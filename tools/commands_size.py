@@ -50,6 +50,13 @@ def _ints(text: str | None) -> list[int]:
     help="Hit-rate target (repeatable; default 0.9, 0.95, 0.99).",
 )
 @click.option("--lru-only", is_flag=True, help="Only the LRU curve (no simulation).")
+@click.option(
+    "--tier",
+    type=click.Choice(["dram", "hbm"]),
+    default="dram",
+    show_default=True,
+    help="The tier whose sizes are simulated (hbm: a table with hbm_rows; DRAM stays as is).",
+)
 @click.option("--bins", type=click.IntRange(1), default=100, show_default=True,
               help="Bins of TorchRec's mrc_hist_counts.")  # fmt: skip
 @click.option("--plot", type=PATH_ARG, help="Draw the curves into this PNG (needs matplotlib).")
@@ -68,6 +75,7 @@ def cmd_size(
     rows: str | None,
     targets: tuple[float, ...],
     lru_only: bool,
+    tier: str,
     bins: int,
     plot: Path | None,
     allow_incomplete: bool,
@@ -85,6 +93,8 @@ def cmd_size(
     optional --step-column (sampled at --rate; a log needs --db and --table for the
     simulation). Prints the DRAM rows each hit-rate target needs, the hit rate at the
     table's current dram_rows, the curves, and TorchRec's mrc_hist_counts (with --json).
+    With --tier hbm, the same for the HBM tier of a table with hbm_rows, and the hit
+    rates of both tiers at each size.
     """
     if plot is not None:
         _require_matplotlib()
@@ -108,6 +118,7 @@ def cmd_size(
             targets=targets or DEFAULT_TARGETS,
             config=config,
             simulate_policy=not lru_only,
+            tier=tier,
             progress=progress,
         )
     result = report.to_dict(n_bins=bins)
@@ -131,6 +142,7 @@ def _table_config(db_path: Path, name: str, trace: Path, source: str) -> TableCo
 
 def _print(r: dict[str, Any]) -> None:
     pct = _pct
+    tier = r["tier"]
     print_pairs(
         [
             ("table", r["table"] or "-"),
@@ -144,7 +156,12 @@ def _print(r: dict[str, Any]) -> None:
                 "distinct keys",
                 f"{r['estimated_distinct_keys']:,} ({r['sampled_distinct_keys']:,} sampled)",
             ),
-            ("current dram_rows", r["current_dram_rows"]),
+            (f"current {tier}_rows", r[f"current_{tier}_rows"]),
+            *(
+                [("HBM hit rate now", pct(r.get("current_hit_rate", {}).get("hbm")))]
+                if tier == "hbm"
+                else []
+            ),
             ("DRAM hit rate now", pct(r.get("current_hit_rate", {}).get("dram"))),
             (
                 "highest hit rate",
@@ -155,16 +172,19 @@ def _print(r: dict[str, Any]) -> None:
     )
     click.echo("")
     print_table(
-        ["target", "dram_rows (evdb)", "dram_rows (LRU)"],
+        ["target", f"{tier}_rows (evdb)", f"{tier}_rows (LRU)"],
         [[f"{float(t):.0%}", v["evdb_rows"], v["lru_rows"]] for t, v in r["targets"].items()],
     )
     if r["curve"]:
         click.echo("")
+        hbm = tier == "hbm"
         print_table(
-            ["dram_rows", "evdb hit rate", "LRU hit rate", "lookup hit rate"],
+            [f"{tier}_rows", "evdb hit rate", "LRU hit rate", "lookup hit rate"]
+            + (["DRAM tier hit rate", "HBM or DRAM"] if hbm else []),
             [
-                [c["dram_rows"], pct(c["evdb_hit_rate"]) + ("" if c["reliable"] else " *"),
+                [c[f"{tier}_rows"], pct(c["evdb_hit_rate"]) + ("" if c["reliable"] else " *"),
                  pct(c["lru_hit_rate"]), pct(c["evdb_lookup_hit_rate"])]
+                + ([pct(c["dram_tier_hit_rate"]), pct(c["hbm_or_dram_hit_rate"])] if hbm else [])
                 for c in r["curve"]
             ],
         )  # fmt: skip

@@ -1,0 +1,107 @@
+"""Fixed-size spatial sampling (evdb.trace_sample): a recorder's min_keys raises its rate until
+it has kept that many distinct keys, and a reader drops what was kept before the threshold
+fell; a trace's subsample is the trace a lower rate would have recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evdb.trace import KeyRecorder, read_trace, salt_of
+from evdb.trace_sample import FULL, SmallestHashes, key_hashes
+
+
+def _record(path: Path, batches: list[np.ndarray], **kw: object) -> None:
+    with KeyRecorder(path, table="x", **kw) as rec:  # type: ignore[arg-type]
+        for i, b in enumerate(batches):
+            rec.record("pull", b, i)
+
+
+def _expected(batches: list[np.ndarray], seed: int, min_keys: int, rate: float) -> int:
+    """Brute force: the threshold fixed-size SHARDS ends with over every key seen."""
+    h = np.unique(key_hashes(np.concatenate(batches), salt_of(seed)))
+    if h.shape[0] < min_keys:
+        return FULL
+    return max(round(rate * FULL), int(h[min_keys - 1]) + 1)
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_min_keys_keeps_the_smallest_hashes_and_every_access_of_them(
+    tmp_path: Path, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    # the key space grows batch by batch, so the threshold falls while recording
+    batches = [rng.integers(0, 2_000 * (i + 1), 500).astype(np.int64) for i in range(30)]
+    _record(tmp_path / "t", batches, rate=0.01, min_keys=300, seed=seed)
+    tr = read_trace(tmp_path / "t")
+    threshold = _expected(batches, seed, 300, 0.01)
+    assert threshold < FULL // 10  # the rate did fall, and not to the floor
+    assert tr.header.rate == threshold / FULL and tr.header.floor_rate == 0.01
+    for (_, _, got), b in zip(tr.batches(), batches, strict=True):
+        want = b[key_hashes(b, salt_of(seed)) < np.uint64(threshold)]
+        np.testing.assert_array_equal(got, want)  # every access of a kept key, in order
+    assert np.unique(tr.keys).shape[0] == 300
+
+
+def test_a_small_key_space_is_recorded_whole(tmp_path: Path) -> None:
+    batches = [np.arange(i, i + 400, dtype=np.int64) for i in range(0, 1000, 100)]
+    _record(tmp_path / "t", batches, rate=0.01, min_keys=5_000)
+    tr = read_trace(tmp_path / "t")
+    assert tr.header.rate == 1.0
+    np.testing.assert_array_equal(tr.keys, np.concatenate(batches))
+
+
+def test_the_rate_floor_gives_the_fixed_rate_trace(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 10**7, 5_000).astype(np.int64) for _ in range(20)]
+    _record(tmp_path / "a", batches, rate=0.05, min_keys=100)
+    _record(tmp_path / "b", batches, rate=0.05, min_keys=0)
+    a, b = read_trace(tmp_path / "a"), read_trace(tmp_path / "b")
+    assert a.header.rate == b.header.rate == 0.05  # at the floor: the rate asked for
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.bounds, b.bounds)
+
+
+def test_an_incomplete_trace_settles_the_same_way(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    batches = [rng.integers(0, 10**6, 300).astype(np.int64) for _ in range(12)]
+    _record(tmp_path / "whole", batches, rate=0.01, min_keys=200)
+    rec = KeyRecorder(tmp_path / "cut", table="x", rate=0.01, min_keys=200)
+    for i, b in enumerate(batches):
+        rec.record("pull", b, i)
+    rec.flush()  # no end record: as if the process died here
+    cut = read_trace(tmp_path / "cut", allow_incomplete=True)
+    whole = read_trace(tmp_path / "whole")
+    assert not cut.complete and cut.header.rate == whole.header.rate
+    np.testing.assert_array_equal(cut.keys, whole.keys)
+    rec.close()
+
+
+def test_smallest_hashes_against_a_sort(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    s = SmallestHashes(64, floor=1000)
+    seen: list[np.ndarray] = []
+    for _ in range(40):
+        h = rng.integers(0, FULL, 50, dtype=np.int64).astype(np.uint64)
+        h = np.concatenate([h, h[:5]])  # repeats count once
+        s.add(h[h < np.uint64(s.threshold)])  # the recorder hands over the kept ones only
+        seen.append(h)
+        want = np.unique(np.concatenate(seen))[:64]
+        np.testing.assert_array_equal(s.hashes, want)
+        full = want.shape[0] == 64
+        assert s.threshold == (max(1000, int(want[-1]) + 1) if full else FULL)
+
+
+def test_subsample_equals_recording_at_the_lower_rate(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    batches = [rng.integers(0, 10**6, 2_000).astype(np.int64) for _ in range(10)]
+    _record(tmp_path / "hi", batches, rate=0.2, min_keys=0, seed=2)
+    _record(tmp_path / "lo", batches, rate=0.05, min_keys=0, seed=2)
+    hi, lo = read_trace(tmp_path / "hi"), read_trace(tmp_path / "lo")
+    sub = hi.subsample(round(0.05 * FULL))
+    assert round(sub.header.rate * FULL) == round(lo.header.rate * FULL)
+    np.testing.assert_array_equal(sub.keys, lo.keys)
+    np.testing.assert_array_equal(sub.bounds, lo.bounds)
+    np.testing.assert_array_equal(sub.seen, lo.seen)
