@@ -35,6 +35,11 @@ def _slots_for(n_keys: int) -> int:
     return cap
 
 
+def index_bytes(n_keys: int) -> int:
+    """Bytes of the slot table of an index sized for n_keys (16 per slot, load <= MAX_LOAD)."""
+    return 16 * _slots_for(n_keys)
+
+
 class HashIndex:
     """int64 keys -> int64 rows; every int64 is a valid key (occupancy lives in the rows).
 

@@ -198,9 +198,9 @@ class ColumnCache(CacheTier):
     ) -> Int64Array:
         rows = self.alloc.allocate(keys.shape[0])
         self._fit(self.alloc.high_water)
-        r = self._dev(rows)
-        self.index.insert(self._dev(keys), r)
-        self.row_keys[r] = self._dev(keys)
+        r, k = self._dev(rows), self._dev(keys)
+        self.index.insert(k, r)
+        self.row_keys[r] = k
         self.is_live[r] = True
         self.is_dirty[r] = dirty
         self.below[r] = below_step is not None
@@ -329,9 +329,10 @@ class ColumnCache(CacheTier):
             r, self.flags, int(FROZEN), step, version, self.last_step, self.version,
             self.is_dirty,
         )  # fmt: skip
+        # hyper stays on the host: the gpu kernel takes the optimizer's scalars as arguments
         self.kernels.segment_sum_apply(
-            self._dev(grads), self._dev(positions), self._dev(bounds), r, optimizer,
-            self._dev(hyper), self.values, self.slots,
+            self._dev(grads), self._dev(positions), self._dev(bounds), r, optimizer, hyper,
+            self.values, self.slots,
         )  # fmt: skip
         return int(dropped), int(frozen)
 

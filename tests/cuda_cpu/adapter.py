@@ -23,10 +23,14 @@ from evdb.kernels import KERNELS, backend
 __all__ = ["numba_kernels"]
 
 
+# Host arrays the gpu wrappers take as such: the optimizer's scalars, passed as arguments.
+_HOST_ARGS = {("segment_sum_apply", 5)}
+
+
 def _device_args(name: str, args: tuple[Any, ...]) -> list[Any]:
     out = []
     for i, a in enumerate(args):
-        if isinstance(a, np.ndarray):
+        if isinstance(a, np.ndarray) and (name, i) not in _HOST_ARGS:
             raise InvalidTypeError(f"{name}: argument {i}: expected a cupy array, got a numpy one")
         out.append(a._storage if hasattr(a, "_storage") else a)
     return out

@@ -1,6 +1,17 @@
-"""A table with an HBM tier on top (emulated on the CPU): HBM over DRAM over RocksDB behaves
-exactly like a table with every row in DRAM, and ``stats()`` shows each level. Creating a
-tier on a CUDA device says clearly why it cannot (here: no cupy, or no GPU path yet)."""
+"""A table with an HBM tier on top: HBM over DRAM over RocksDB behaves exactly like a table
+with every row in DRAM, and ``stats()`` shows each level. Creating a tier on a CUDA device
+where there is none says clearly why it cannot.
+
+The table tests run on each ``hbm_device`` (``HBM_DEVICES``):
+
+* ``cpu``: emulated HBM (numpy columns, the cpu kernels);
+* ``0-cuda``: device 0 on the cupy stand-in (tests/cuda_cpu): cupy arrays, pinned staging,
+  the mixing checks, and ``backend("gpu")``, the real CUDA sources built and run on the CPU
+  (``tests.cuda_cpu.rawmodule``);
+* ``0-numba``: device 0 on the stand-in with the cpu kernels behind the device arrays
+  (``tests.cuda_cpu.adapter``): the tier's whole cupy path at numba's speed, where running
+  every kernel launch as OS threads would be too slow.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +26,32 @@ from evdb.io.export import export
 
 DIM = 4
 HBM, DRAM = 8, 24
+HBM_DEVICES = ["cpu", "0-numba", "0-cuda"]
+_DEVICE: dict[str, str | int] = {
+    "hbm": "cpu"
+}  # the device make() puts the HBM tier on (hbm_device)
+
+
+@pytest.fixture(params=HBM_DEVICES)
+def hbm_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | int:
+    """Where this test's HBM tier lives (see the module docstring)."""
+    if request.param == "cpu":
+        device: str | int = "cpu"
+    else:
+        request.getfixturevalue("standin_cupy")
+        if request.param == "0-numba":
+            from tests.cuda_cpu.adapter import numba_kernels
+
+            monkeypatch.setattr("evdb.tiers.hbm.device_kernels", numba_kernels)
+        else:
+            pytest.importorskip("tests.cuda_cpu.rawmodule", reason="CPU executor not there yet")
+        device = 0
+    monkeypatch.setitem(_DEVICE, "hbm", device)
+    return device
 
 
 def make(db: evdb.Database, name: str = "t", **kw) -> evdb.Table:
-    opts = {"hbm_rows": HBM, "device": "cpu", "dram_rows": DRAM, **kw}
+    opts = {"hbm_rows": HBM, "device": _DEVICE["hbm"], "dram_rows": DRAM, **kw}
     return db.create_table(name, dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.1), **opts)
 
 
@@ -66,13 +99,17 @@ def assert_same_tables(a: evdb.Table, b: evdb.Table) -> None:
     np.testing.assert_array_equal(a.contains(keys), b.contains(keys))
 
 
-def test_three_levels_hold_the_rows_and_stats_show_each(db: evdb.Database) -> None:
+def test_three_levels_hold_the_rows_and_stats_show_each(
+    db: evdb.Database, hbm_device: str | int
+) -> None:
     t = make(db)
     values = np.arange(800, dtype=np.float32).reshape(200, DIM)
     t.upsert(np.arange(200), values)
     tiers = t.stats()["tiers"]
     assert list(tiers) == ["hbm", "dram", "rocksdb"]
-    assert tiers["hbm"]["device"] == "cpu" and tiers["hbm"]["emulated"] is True
+    on_cpu = hbm_device == "cpu"
+    assert tiers["hbm"]["device"] == ("cpu" if on_cpu else "cuda:0")
+    assert tiers["hbm"]["emulated"] is on_cpu
     assert tiers["hbm"]["rows"] <= HBM and tiers["dram"]["rows"] <= DRAM
     assert tiers["rocksdb"]["rows"] >= 200 - HBM - DRAM
     for level in tiers.values():
@@ -89,7 +126,9 @@ def test_three_levels_hold_the_rows_and_stats_show_each(db: evdb.Database) -> No
     assert t.stats()["tiers"]["dram"]["hits"] + t.stats()["tiers"]["dram"]["misses"] > 0
 
 
-def test_prefetch_reads_ahead_below_dram_and_changes_no_result(db: evdb.Database) -> None:
+def test_prefetch_reads_ahead_below_dram_and_changes_no_result(
+    db: evdb.Database, hbm_device: str | int
+) -> None:
     t = make(db)
     values = np.arange(800, dtype=np.float32).reshape(200, DIM)
     t.upsert(np.arange(200), values)
@@ -101,7 +140,9 @@ def test_prefetch_reads_ahead_below_dram_and_changes_no_result(db: evdb.Database
     assert t.stats()["tiers"]["rocksdb"]["read_ahead_used"] == disk["read_ahead"]
 
 
-def test_training_matches_a_table_with_every_row_in_dram(db: evdb.Database) -> None:
+def test_training_matches_a_table_with_every_row_in_dram(
+    db: evdb.Database, hbm_device: str | int
+) -> None:
     tiered = make(db, "tiered", ttl_steps=6)
     flat = db.create_table(
         "flat", dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.1), ttl_steps=6, disk=False
@@ -115,7 +156,9 @@ def test_training_matches_a_table_with_every_row_in_dram(db: evdb.Database) -> N
     assert_same_tables(tiered, flat)
 
 
-def test_a_batch_bigger_than_hbm_over_commits_it_until_the_push(db: evdb.Database) -> None:
+def test_a_batch_bigger_than_hbm_over_commits_it_until_the_push(
+    db: evdb.Database, hbm_device: str | int
+) -> None:
     t = make(db)
     flat = db.create_table("flat", dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.1), disk=False)
     keys = np.arange(50)
@@ -131,7 +174,7 @@ def test_a_batch_bigger_than_hbm_over_commits_it_until_the_push(db: evdb.Databas
     np.testing.assert_array_equal(p.rows, flat.pull(keys).rows)
 
 
-def test_delete_contains_and_len_across_levels(db: evdb.Database) -> None:
+def test_delete_contains_and_len_across_levels(db: evdb.Database, hbm_device: str | int) -> None:
     t = make(db)
     t.upsert(np.arange(100), np.ones((100, DIM), np.float32))
     keys = np.arange(100)
@@ -145,7 +188,7 @@ def test_delete_contains_and_len_across_levels(db: evdb.Database) -> None:
     assert sorted(snapshot(t)) == sorted(set(range(100)) - set(gone.tolist()))
 
 
-def test_flush_and_reopen_keep_every_row(tmp_path: Path) -> None:
+def test_flush_and_reopen_keep_every_row(tmp_path: Path, hbm_device: str | int) -> None:
     with evdb.open(tmp_path / "db") as db:
         t = make(db, ttl_steps=10)
         flat = db.create_table(
@@ -158,7 +201,7 @@ def test_flush_and_reopen_keep_every_row(tmp_path: Path) -> None:
         assert t.stats()["tiers"]["dram"]["dirty_rows"] == 0
     with evdb.open(tmp_path / "db") as db:
         t, flat = db.table("t"), db.table("flat")
-        assert t.config.hbm == HbmConfig(capacity_rows=HBM, device="cpu")
+        assert t.config.hbm == HbmConfig(capacity_rows=HBM, device=hbm_device)
         assert rows_in(t, "hbm") == 0  # the HBM tier starts empty; rows come up as they are read
         assert snapshot(t).keys() == before.keys()
         assert_same_tables(t, flat)
@@ -166,7 +209,9 @@ def test_flush_and_reopen_keep_every_row(tmp_path: Path) -> None:
         assert_same_tables(t, flat)
 
 
-def test_checkpoint_and_export_see_every_level(db: evdb.Database, tmp_path: Path) -> None:
+def test_checkpoint_and_export_see_every_level(
+    db: evdb.Database, tmp_path: Path, hbm_device: str | int
+) -> None:
     t = make(db)
     t.upsert(np.arange(120), np.arange(480, dtype=np.float32).reshape(120, DIM))
     p = t.pull(np.arange(10))
@@ -188,7 +233,9 @@ def test_checkpoint_and_export_see_every_level(db: evdb.Database, tmp_path: Path
         assert sorted(z["keys"].tolist()) == sorted(snapshot(t))
 
 
-def test_hbm_over_dram_without_a_disk_reloads_every_row_into_dram(tmp_path: Path) -> None:
+def test_hbm_over_dram_without_a_disk_reloads_every_row_into_dram(
+    tmp_path: Path, hbm_device: str | int
+) -> None:
     with evdb.open(tmp_path / "db") as db:
         t = make(db, dram_rows=None, disk=False)
         t.upsert(np.arange(60), np.ones((60, DIM), np.float32))

@@ -140,7 +140,7 @@ def from_dlpack(x: Any) -> ndarray:
     return wrap(np.from_dlpack(x))
 
 
-fromDlpack = from_dlpack  # noqa: N816 (cupy's old name)
+fromDlpack = from_dlpack
 
 
 def get_array_module(*args: Any) -> Any:

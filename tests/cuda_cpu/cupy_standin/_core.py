@@ -97,7 +97,7 @@ def _reduction(name: str) -> Callable[..., Any]:
     return method
 
 
-class ndarray:  # noqa: N801 (cupy's name)
+class ndarray:
     """A device array of the stand-in: cupy.ndarray's interface over ``_storage``."""
 
     __array_priority__ = 100
@@ -178,7 +178,7 @@ class ndarray:  # noqa: N801 (cupy's name)
         return Device(self._device)
 
     @property
-    def T(self) -> ndarray:  # noqa: N802 (numpy's name)
+    def T(self) -> ndarray:
         return ndarray._of(self._storage.T, self._device)
 
     def __len__(self) -> int:
@@ -213,7 +213,7 @@ class ndarray:  # noqa: N801 (cupy's name)
     def __dlpack_device__(self) -> tuple[int, int]:
         return self._storage.__dlpack_device__()  # host memory: kDLCPU (CI has no CUDA)
 
-    def toDlpack(self) -> Any:  # noqa: N802 (cupy's name)
+    def toDlpack(self) -> Any:
         return self._storage.__dlpack__()
 
     # -- scalars ----------------------------------------------------------------------------

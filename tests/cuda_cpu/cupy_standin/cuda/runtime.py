@@ -28,25 +28,25 @@ def check_device(device_id: int) -> int:
     return int(device_id)
 
 
-def getDeviceCount() -> int:  # noqa: N802 (cupy's name)
+def getDeviceCount() -> int:
     return STATE.device_count
 
 
-def getDevice() -> int:  # noqa: N802
+def getDevice() -> int:
     return current_device()
 
 
-def memGetInfo() -> tuple[int, int]:  # noqa: N802
+def memGetInfo() -> tuple[int, int]:
     """(free, total) bytes of the current device: what ``set_mem_info`` last set."""
     check_device(current_device())
     return STATE.mem_free, STATE.mem_total
 
 
-def runtimeGetVersion() -> int:  # noqa: N802
+def runtimeGetVersion() -> int:
     return 12080
 
 
-def getDeviceProperties(device_id: int) -> dict[str, Any]:  # noqa: N802
+def getDeviceProperties(device_id: int) -> dict[str, Any]:
     check_device(device_id)
     return {"name": b"evdb CPU stand-in", "totalGlobalMem": STATE.mem_total, "major": 9, "minor": 0}
 
