@@ -35,6 +35,7 @@ KERNELS = (
     "bloom_query",
     "clear_flags",
     "combine_backward",
+    "dequantize_rows",
     "fill_normal",
     "fill_uniform",
     "gather_combine",
@@ -45,13 +46,19 @@ KERNELS = (
     "merge_newest",
     "probe_gather",
     "probe_gather_combine",
+    "probe_gather_combine_dequantized",
+    "probe_gather_dequantized",
+    "quantize_rows",
+    "round_rows",
     "segment_sum_apply",
+    "segment_sum_apply_lowp",
     "sketch_add",
     "stamp_gather_pulled",
     "stamp_pushed",
     "unique_inverse",
     "unique_rows",
     "victim_candidates",
+    "widen_rows",
 )
 # Host backends: numpy arrays in and out, present wherever evdb installs. The parity suite
 # runs every one of them against "reference" on numpy inputs.

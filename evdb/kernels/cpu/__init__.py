@@ -25,6 +25,15 @@ from evdb.kernels.cpu.index import (
     unique_rows,
 )
 from evdb.kernels.cpu.init import fill_normal, fill_uniform
+from evdb.kernels.cpu.lowp import (
+    dequantize_rows,
+    probe_gather_combine_dequantized,
+    probe_gather_dequantized,
+    quantize_rows,
+    round_rows,
+    widen_rows,
+)
+from evdb.kernels.cpu.lowp_optim import segment_sum_apply_lowp
 from evdb.kernels.cpu.merge import merge_newest
 from evdb.kernels.cpu.optim import group_positions, segment_sum_apply
 from evdb.kernels.cpu.stamp import clear_flags, stamp_gather_pulled, stamp_pushed
@@ -34,6 +43,7 @@ __all__ = [
     "bloom_query",
     "clear_flags",
     "combine_backward",
+    "dequantize_rows",
     "fill_normal",
     "fill_uniform",
     "gather_combine",
@@ -44,11 +54,17 @@ __all__ = [
     "merge_newest",
     "probe_gather",
     "probe_gather_combine",
+    "probe_gather_combine_dequantized",
+    "probe_gather_dequantized",
+    "quantize_rows",
+    "round_rows",
     "segment_sum_apply",
+    "segment_sum_apply_lowp",
     "sketch_add",
     "stamp_gather_pulled",
     "stamp_pushed",
     "unique_inverse",
     "unique_rows",
     "victim_candidates",
+    "widen_rows",
 ]

@@ -45,6 +45,15 @@ from evdb.kernels.gpu.index import (
     unique_rows,
 )
 from evdb.kernels.gpu.init import fill_normal, fill_uniform
+from evdb.kernels.gpu.lowp import (
+    dequantize_rows,
+    probe_gather_combine_dequantized,
+    probe_gather_dequantized,
+    quantize_rows,
+    round_rows,
+    segment_sum_apply_lowp,
+    widen_rows,
+)
 from evdb.kernels.gpu.optim import group_positions, segment_sum_apply
 from evdb.kernels.gpu.rows import (
     clear_flags,
@@ -73,6 +82,7 @@ __all__ = [
     "bloom_query",
     "clear_flags",
     "combine_backward",
+    "dequantize_rows",
     "fill_normal",
     "fill_uniform",
     "gather_combine",
@@ -83,8 +93,13 @@ __all__ = [
     "merge_newest",
     "probe_gather",
     "probe_gather_combine",
+    "probe_gather_combine_dequantized",
+    "probe_gather_dequantized",
+    "quantize_rows",
     "require",
+    "round_rows",
     "segment_sum_apply",
+    "segment_sum_apply_lowp",
     "sketch_add",
     "source_text",
     "stamp_gather_pulled",
@@ -92,4 +107,5 @@ __all__ = [
     "unique_inverse",
     "unique_rows",
     "victim_candidates",
+    "widen_rows",
 ]

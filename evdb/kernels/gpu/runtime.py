@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 CUDA_DIR = Path(__file__).parent.with_name("cuda")  # evdb/kernels/cuda
-SOURCES = ("index", "bags", "optim", "init", "stamp", "evict", "merge")
+SOURCES = ("index", "bags", "optim", "init", "stamp", "evict", "merge", "lowp")
 NVRTC_OPTIONS = ("--std=c++17",)
 BLOCK = 256  # threads per block: 8 warps, enough to hide a probe's miss on every SM
 SHARED_BYTES = 48 * 1024  # dynamic shared memory available without an opt-in attribute

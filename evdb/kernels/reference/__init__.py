@@ -28,6 +28,15 @@ from evdb.kernels.reference.index import (
     unique_rows,
 )
 from evdb.kernels.reference.init import fill_normal, fill_uniform
+from evdb.kernels.reference.lowp import (
+    dequantize_rows,
+    probe_gather_combine_dequantized,
+    probe_gather_dequantized,
+    quantize_rows,
+    round_rows,
+    widen_rows,
+)
+from evdb.kernels.reference.lowp_optim import segment_sum_apply_lowp
 from evdb.kernels.reference.merge import merge_newest
 from evdb.kernels.reference.optim import group_positions, segment_sum_apply
 from evdb.kernels.reference.stamp import clear_flags, stamp_gather_pulled, stamp_pushed
@@ -37,6 +46,7 @@ __all__ = [
     "bloom_query",
     "clear_flags",
     "combine_backward",
+    "dequantize_rows",
     "fill_normal",
     "fill_uniform",
     "gather_combine",
@@ -47,11 +57,17 @@ __all__ = [
     "merge_newest",
     "probe_gather",
     "probe_gather_combine",
+    "probe_gather_combine_dequantized",
+    "probe_gather_dequantized",
+    "quantize_rows",
+    "round_rows",
     "segment_sum_apply",
+    "segment_sum_apply_lowp",
     "sketch_add",
     "stamp_gather_pulled",
     "stamp_pushed",
     "unique_inverse",
     "unique_rows",
     "victim_candidates",
+    "widen_rows",
 ]

@@ -1,0 +1,493 @@
+"""Numba low-precision rows: bfloat16 / float16 rounding (to nearest even or stochastic),
+widening, row-wise int8 / int4 quantisation and the dequantising serving gathers (see
+``reference.lowp`` for the formats, the random bits and the quantisation rule).
+
+Half-precision slabs enter the kernels as ``uint16`` bit patterns whatever their format (the
+wrappers view a float16 array as uint16 and pass ``fmt``: 0 bfloat16, 1 float16), and float32
+rows as their ``uint32`` bits where a kernel works on bits; so each kernel has one compiled
+signature for both formats and no float16 arithmetic in numba.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange, types
+
+from evdb.errors import InvalidArgumentError
+from evdb.kernels.cpu._common import (
+    F4,
+    F4_2D,
+    I8,
+    I8_2D,
+    PARALLEL_MIN_KEYS,
+    b1,
+    f4,
+    f8,
+    i8,
+    lazy_njit,
+    mix64,
+    u8,
+)
+from evdb.kernels.cpu.bags import _clip_scale, _divisor
+from evdb.kernels.cpu.index import probe_range
+from evdb.kernels.cpu.init import default_row
+from evdb.kernels.reference.lowp import (
+    FLOAT16_MAX,
+    ROUND_SALT,
+    check_bits,
+    half_format,
+    quantized_row_bytes,
+)
+
+__all__ = [
+    "dequantize_rows",
+    "probe_gather_combine_dequantized",
+    "probe_gather_dequantized",
+    "quantize_rows",
+    "round_rows",
+    "widen_rows",
+]
+
+u2, u4 = types.uint16, types.uint32
+U1_2D = types.Array(types.uint8, 2, "C")
+U2_2D = types.Array(types.uint16, 2, "C")
+U4_2D = types.Array(types.uint32, 2, "C")
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+ROW_CHUNK = 64  # rows per parallel task
+BAG_CHUNK = 32  # bags per task, as cpu.bags
+GATHER_CHUNK = 32  # keys probed together, as cpu.index
+
+
+def _fmt(name: str, a: np.ndarray) -> int:
+    return 0 if half_format(name, a) == "bfloat16" else 1
+
+
+# -- elements -----------------------------------------------------------------------------
+
+
+@lazy_njit(u8(u8, i8), inline="always")
+def step_salt(seed, step):  # type: ignore[no-untyped-def]
+    """mix64((seed ^ ROUND_SALT) + step * G): the part of the random bits shared by a step."""
+    return mix64((seed ^ np.uint64(ROUND_SALT)) + np.uint64(step) * GOLDEN)
+
+
+@lazy_njit(u8(u8, i8, i8), inline="always")
+def column_bits(salt, key, c):  # type: ignore[no-untyped-def]
+    """The random bits of (key, column c) under a step's salt."""
+    return mix64(mix64(np.uint64(key) ^ salt) + np.uint64(c + 1) * GOLDEN)
+
+
+@lazy_njit(u2(u4, u8, b1), inline="always")
+def bfloat16_bits(xb, r, stochastic):  # type: ignore[no-untyped-def]
+    """bfloat16 bits of float32 bits xb: add the top 16 random bits (or half an ulp, ties to
+    even) below the cut, then truncate; NaN keeps its top bits, made quiet."""
+    if (xb & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16((xb >> np.uint32(16)) | np.uint32(0x40))
+    u = np.uint64(xb)
+    if stochastic:
+        u += r >> np.uint64(48)
+    else:
+        u += np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))
+    return np.uint16(u >> np.uint64(16))
+
+
+@lazy_njit(u2(f8, u8, b1), inline="always")
+def float16_magnitude(a, r, stochastic):  # type: ignore[no-untyped-def]
+    """float16 bits of a float64 a >= 0 (not NaN): reference.lowp.float16_bits, one element."""
+    if a >= 65536.0:
+        return np.uint16(0x7C00)
+    e = -14 if a < 2.0**-14 else math.frexp(a)[1] - 1
+    q = a * math.ldexp(1.0, 10 - e)  # a in ulps of its float16 binade: exact
+    k = math.floor(q)
+    frac = q - k
+    if stochastic:
+        up = np.float64(r >> np.uint64(11)) * (1.0 / 2**53) < frac
+    else:
+        up = frac > 0.5 or (frac == 0.5 and np.int64(k) % 2 == 1)
+    return np.uint16(((e + 14) << 10) + np.int64(k) + np.int64(up))
+
+
+@lazy_njit(u2(f4, u4, u8, b1), inline="always")
+def float16_bits(x, xb, r, stochastic):  # type: ignore[no-untyped-def]
+    """float16 bits of float32 x (whose bits are xb), as reference.lowp.float16_bits."""
+    sign = np.uint16((xb >> np.uint32(16)) & np.uint32(0x8000))
+    if (xb & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN, as numpy converts it
+        m = np.uint32(0x7C00) + ((xb & np.uint32(0x7FFFFF)) >> np.uint32(13))
+        if m == np.uint32(0x7C00):
+            m += np.uint32(1)
+        return sign | np.uint16(m)
+    return sign | float16_magnitude(abs(np.float64(x)), r, stochastic)
+
+
+@lazy_njit(u2(f8), inline="always")
+def float16_nearest(v):  # type: ignore[no-untyped-def]
+    """float16 bits of finite v rounded to float32, then to nearest even."""
+    a = abs(np.float64(np.float32(v)))
+    return float16_magnitude(a, np.uint64(0), False) | np.uint16(0x8000 if v < 0 else 0)
+
+
+@lazy_njit(u4(u2), inline="always")
+def float16_to_float32_bits(h):  # type: ignore[no-untyped-def]
+    """float32 bits of float16 bits h, exactly (numpy's conversion, NaN payloads included)."""
+    sign = np.uint32(h & np.uint16(0x8000)) << np.uint32(16)
+    e = np.uint32((h >> np.uint16(10)) & np.uint16(0x1F))
+    m = np.uint32(h & np.uint16(0x3FF))
+    if e == 31:
+        return sign | np.uint32(0x7F800000) | (m << np.uint32(13))
+    if e == 0:
+        if m == 0:
+            return sign
+        e32 = np.uint32(113)  # normalise the subnormal: 2^-14 is float32 exponent 113
+        while (m & np.uint32(0x400)) == 0:
+            m <<= np.uint32(1)
+            e32 -= np.uint32(1)
+        return sign | (e32 << np.uint32(23)) | ((m & np.uint32(0x3FF)) << np.uint32(13))
+    return sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))
+
+
+@lazy_njit(f8(u2), inline="always")
+def float16_value(h):  # type: ignore[no-untyped-def]
+    """float64 value of finite float16 bits h."""
+    e = np.int64((h >> np.uint16(10)) & np.uint16(0x1F))
+    m = np.float64(h & np.uint16(0x3FF))
+    v = m * 2.0**-24 if e == 0 else math.ldexp(1024.0 + m, e - 25)
+    return -v if h & np.uint16(0x8000) else v
+
+
+@lazy_njit(u2(f4, u4, u8, b1, i8), inline="always")
+def narrow_bits(x, xb, r, stochastic, fmt):  # type: ignore[no-untyped-def]
+    if fmt == 0:
+        return bfloat16_bits(xb, r, stochastic)
+    return float16_bits(x, xb, r, stochastic)
+
+
+@lazy_njit(u4(u2, i8), inline="always")
+def widen_bits(h, fmt):  # type: ignore[no-untyped-def]
+    if fmt == 0:
+        return np.uint32(h) << np.uint32(16)
+    return float16_to_float32_bits(h)
+
+
+# -- round and widen ----------------------------------------------------------------------
+_ROUND_SIG = types.void(F4_2D, U4_2D, I8, I8, u8, i8, b1, i8, U2_2D)
+
+
+@lazy_njit(types.void(i8, F4_2D, U4_2D, I8, I8, u8, i8, b1, i8, U2_2D), inline="always")
+def _round_chunk(c, values, vbits, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
+    salt = step_salt(seed, step)
+    for i in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, rows.shape[0])):
+        r = rows[i]
+        if r < 0:
+            continue
+        for j in range(values.shape[1]):
+            bits = column_bits(salt, keys[i], j) if stochastic else np.uint64(0)
+            out[r, j] = narrow_bits(values[i, j], vbits[i, j], bits, stochastic, fmt)
+
+
+@lazy_njit(_ROUND_SIG)
+def _round_rows_serial(values, vbits, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
+    for c in range((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
+        _round_chunk(c, values, vbits, rows, keys, seed, step, stochastic, fmt, out)
+
+
+@lazy_njit(_ROUND_SIG, parallel=True)
+def _round_rows_parallel(values, vbits, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
+    for c in prange((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
+        _round_chunk(c, values, vbits, rows, keys, seed, step, stochastic, fmt, out)
+
+
+def round_rows(values, rows, keys, seed, step, stochastic, out) -> None:  # type: ignore[no-untyped-def]
+    """Round float32 rows into a half-precision slab (see reference.lowp.round_rows)."""
+    fmt = _fmt("out", out)
+    big = rows.shape[0] >= PARALLEL_MIN_KEYS
+    kernel = _round_rows_parallel if big else _round_rows_serial
+    vbits = values.view(np.uint32)
+    seed = np.uint64(int(seed) & (2**64 - 1))
+    kernel(values, vbits, rows, keys, seed, step, bool(stochastic), fmt, out.view(np.uint16))
+
+
+_WIDEN_SIG = types.void(U2_2D, I8, i8, U4_2D)
+
+
+@lazy_njit(types.void(i8, U2_2D, I8, i8, U4_2D), inline="always")
+def _widen_chunk(c, src, rows, fmt, out):  # type: ignore[no-untyped-def]
+    for i in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, rows.shape[0])):
+        r = rows[i]
+        if r >= 0:
+            for j in range(src.shape[1]):
+                out[i, j] = widen_bits(src[r, j], fmt)
+
+
+@lazy_njit(_WIDEN_SIG)
+def _widen_rows_serial(src, rows, fmt, out):  # type: ignore[no-untyped-def]
+    for c in range((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
+        _widen_chunk(c, src, rows, fmt, out)
+
+
+@lazy_njit(_WIDEN_SIG, parallel=True)
+def _widen_rows_parallel(src, rows, fmt, out):  # type: ignore[no-untyped-def]
+    for c in prange((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
+        _widen_chunk(c, src, rows, fmt, out)
+
+
+def widen_rows(src, rows, out) -> None:  # type: ignore[no-untyped-def]
+    """Gather half-precision rows as float32 (see reference.lowp.widen_rows)."""
+    fmt = _fmt("src", src)
+    kernel = _widen_rows_parallel if rows.shape[0] >= PARALLEL_MIN_KEYS else _widen_rows_serial
+    kernel(src.view(np.uint16), rows, fmt, out.view(np.uint32))
+
+
+# -- quantise -----------------------------------------------------------------------------
+
+
+@lazy_njit(i8(F4_2D))
+def _first_unquantizable_row(values):  # type: ignore[no-untyped-def]
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            x = values[i, j]
+            if not (abs(x) <= FLOAT16_MAX):  # also NaN
+                return i
+    return -1
+
+
+@lazy_njit(types.void(F4_2D, i8, U1_2D), parallel=True)
+def _quantize_rows(values, bits, out):  # type: ignore[no-untyped-def]
+    levels = (1 << bits) - 1
+    dim = values.shape[1]
+    for i in prange(values.shape[0]):
+        lo, hi = 0.0, 0.0
+        if dim:
+            lo, hi = np.float64(values[i, 0]), np.float64(values[i, 0])
+        for j in range(1, dim):
+            x = np.float64(values[i, j])
+            lo, hi = min(lo, x), max(hi, x)
+        # bias: lo rounded down to float16; scale: (hi - bias) / levels rounded up
+        b16 = float16_nearest(lo)
+        if float16_value(b16) > lo:
+            if (b16 & np.uint16(0x7FFF)) == 0:
+                b16 = np.uint16(0x8001)
+            elif b16 & np.uint16(0x8000):
+                b16 += np.uint16(1)
+            else:
+                b16 -= np.uint16(1)
+        bias = float16_value(b16)
+        t = (hi - bias) / levels
+        s16 = np.uint16(0x3C00)  # 1.0 for a row with one value: its codes are all 0
+        if t > 0:
+            s16 = float16_nearest(t)
+            if float16_value(s16) < t:
+                s16 += np.uint16(1)
+        scale = float16_value(s16)
+        for j in range(out.shape[1]):
+            out[i, j] = 0
+        out[i, 0], out[i, 1] = np.uint8(s16 & np.uint16(0xFF)), np.uint8(s16 >> np.uint16(8))
+        out[i, 2], out[i, 3] = np.uint8(b16 & np.uint16(0xFF)), np.uint8(b16 >> np.uint16(8))
+        for j in range(dim):
+            code = np.rint((np.float64(values[i, j]) - bias) / scale)
+            code = min(max(code, 0.0), np.float64(levels))
+            if bits == 8:
+                out[i, 4 + j] = np.uint8(code)
+            else:
+                out[i, 4 + j // 2] |= np.uint8(np.int64(code) << (4 * (j & 1)))
+
+
+def quantize_rows(values, bits, out) -> None:  # type: ignore[no-untyped-def]
+    """Quantise float32 rows row-wise (see reference.lowp.quantize_rows); raises before
+    writing when bits, out's shape or a value is invalid."""
+    check_bits(bits)
+    n, dim = values.shape
+    need = quantized_row_bytes(dim, bits)
+    if out.shape[0] != n or out.shape[1] < need:
+        raise InvalidArgumentError(
+            f"out: expected ({n}, >= {need}) uint8 for dim {dim} at {bits} bits, got {out.shape}"
+        )
+    bad = int(_first_unquantizable_row(values))
+    if bad >= 0:
+        raise InvalidArgumentError(
+            f"values: row {bad} has a value that is not finite or beyond float16's +-{FLOAT16_MAX}"
+        )
+    _quantize_rows(values, bits, out)
+
+
+# -- dequantising gathers -----------------------------------------------------------------
+
+
+@lazy_njit(types.void(U1_2D, i8, i8, F4_2D, i8), inline="always")
+def dequantize_row(q, r, bits, out, i):  # type: ignore[no-untyped-def]
+    """out[i] = row r of q dequantised (float64 and exact, then float32)."""
+    scale = float16_value(np.uint16(q[r, 0]) | (np.uint16(q[r, 1]) << np.uint16(8)))
+    bias = float16_value(np.uint16(q[r, 2]) | (np.uint16(q[r, 3]) << np.uint16(8)))
+    if bits == 8:
+        for j in range(out.shape[1]):
+            out[i, j] = np.float32(np.float64(q[r, 4 + j]) * scale + bias)
+    else:
+        for j in range(out.shape[1]):
+            code = (q[r, 4 + j // 2] >> np.uint8(4 * (j & 1))) & np.uint8(0x0F)
+            out[i, j] = np.float32(np.float64(code) * scale + bias)
+
+
+_DQ_SIG = types.void(U1_2D, i8, I8, F4_2D)
+
+
+@lazy_njit(_DQ_SIG)
+def _dequantize_rows_serial(q, bits, rows, out):  # type: ignore[no-untyped-def]
+    for i in range(rows.shape[0]):
+        if rows[i] >= 0:
+            dequantize_row(q, rows[i], bits, out, i)
+
+
+@lazy_njit(_DQ_SIG, parallel=True)
+def _dequantize_rows_parallel(q, bits, rows, out):  # type: ignore[no-untyped-def]
+    for i in prange(rows.shape[0]):
+        if rows[i] >= 0:
+            dequantize_row(q, rows[i], bits, out, i)
+
+
+def dequantize_rows(q, bits, rows, out) -> None:  # type: ignore[no-untyped-def]
+    """Gather quantised rows as float32 (see reference.lowp.dequantize_rows)."""
+    check_bits(bits)
+    big = rows.shape[0] >= PARALLEL_MIN_KEYS
+    (_dequantize_rows_parallel if big else _dequantize_rows_serial)(q, bits, rows, out)
+
+
+_PGD_SIG = i8(I8_2D, U1_2D, i8, I8, I8, i8, F4_2D, I8)
+
+
+@lazy_njit(i8(i8, I8_2D, U1_2D, i8, I8, I8, i8, F4_2D, I8), inline="always")
+def _pgd_chunk(c, slots, q, bits, last_step, keys, min_live_step, out, out_rows):  # type: ignore[no-untyped-def]
+    lo = c * GATHER_CHUNK
+    hi = min(lo + GATHER_CHUNK, keys.shape[0])
+    probe_range(slots, q, last_step, keys, lo, hi, min_live_step, out_rows[lo:hi])
+    missing = 0
+    for i in range(lo, hi):
+        if out_rows[i] >= 0:
+            dequantize_row(q, out_rows[i], bits, out, i)
+        else:
+            missing += 1
+    return missing
+
+
+@lazy_njit(_PGD_SIG)
+def _probe_gather_dequantized_serial(slots, q, bits, last_step, keys, min_live_step, out, rows):  # type: ignore[no-untyped-def]
+    missing = 0
+    for c in range((keys.shape[0] + GATHER_CHUNK - 1) // GATHER_CHUNK):
+        missing += _pgd_chunk(c, slots, q, bits, last_step, keys, min_live_step, out, rows)
+    return missing
+
+
+@lazy_njit(_PGD_SIG, parallel=True)
+def _probe_gather_dequantized_parallel(slots, q, bits, last_step, keys, min_live_step, out, rows):  # type: ignore[no-untyped-def]
+    missing = 0
+    for c in prange((keys.shape[0] + GATHER_CHUNK - 1) // GATHER_CHUNK):
+        missing += _pgd_chunk(c, slots, q, bits, last_step, keys, min_live_step, out, rows)
+    return missing
+
+
+def probe_gather_dequantized(slots, q, bits, last_step, keys, min_live_step, out, out_rows) -> int:  # type: ignore[no-untyped-def]
+    """probe_gather over quantised rows (see reference.lowp.probe_gather_dequantized)."""
+    check_bits(bits)
+    big = keys.shape[0] >= PARALLEL_MIN_KEYS
+    kernel = _probe_gather_dequantized_parallel if big else _probe_gather_dequantized_serial
+    return int(kernel(slots, q, bits, last_step, keys, min_live_step, out, out_rows))
+
+
+_PGCD_ARGS = (I8_2D, U1_2D, i8, I8, I8, I8, F4, i8, i8, f8, i8, u8, f8, f8, F4_2D)
+
+
+@lazy_njit(i8(i8, *_PGCD_ARGS), inline="always")
+def _pgcd_chunk(  # type: ignore[no-untyped-def]
+    c, slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner, max_norm,
+    init_kind, init_seed, init_a, init_b, out,
+):  # fmt: skip
+    # cpu.bags._pgc_chunk with each row dequantised into a one-row scratch as it is read: no
+    # (n, dim) matrix and no float32 copy of the table
+    n_bags = bounds.shape[0] - 1
+    dim = out.shape[1]
+    b0 = c * BAG_CHUNK
+    b1_ = min(b0 + BAG_CHUNK, n_bags)
+    lo, hi = bounds[b0], bounds[b1_]
+    rows = np.empty(hi - lo, np.int64)
+    probe_range(slots, q, last_step, keys, lo, hi, min_live_step, rows)
+    scratch = np.empty((1, dim), np.float32)
+    missing = 0
+    for b in range(b0, b1_):
+        for j in range(dim):
+            out[b, j] = 0.0
+        div = _divisor(weights, bounds, b, combiner)
+        for p in range(bounds[b], bounds[b + 1]):
+            r = rows[p - lo]
+            if r < 0:
+                missing += 1
+            if div == 0.0:
+                continue
+            if r < 0:
+                default_row(init_kind, init_seed, init_a, init_b, np.uint64(keys[p]), scratch, 0)
+            else:
+                dequantize_row(q, r, bits, scratch, 0)
+            scale = np.float32(_clip_scale(scratch, 0, max_norm) * weights[p] / div)
+            for j in range(dim):
+                out[b, j] += scale * scratch[0, j]
+    return missing
+
+
+@lazy_njit(i8(*_PGCD_ARGS))
+def _probe_gather_combine_dequantized_serial(  # type: ignore[no-untyped-def]
+    slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner, max_norm,
+    init_kind, init_seed, init_a, init_b, out,
+):  # fmt: skip
+    missing = 0
+    for c in range((bounds.shape[0] - 1 + BAG_CHUNK - 1) // BAG_CHUNK):
+        missing += _pgcd_chunk(
+            c, slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner,
+            max_norm, init_kind, init_seed, init_a, init_b, out,
+        )  # fmt: skip
+    return missing
+
+
+@lazy_njit(i8(*_PGCD_ARGS), parallel=True)
+def _probe_gather_combine_dequantized_parallel(  # type: ignore[no-untyped-def]
+    slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner, max_norm,
+    init_kind, init_seed, init_a, init_b, out,
+):  # fmt: skip
+    missing = 0
+    for c in prange((bounds.shape[0] - 1 + BAG_CHUNK - 1) // BAG_CHUNK):
+        missing += _pgcd_chunk(
+            c, slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner,
+            max_norm, init_kind, init_seed, init_a, init_b, out,
+        )  # fmt: skip
+    return missing
+
+
+def probe_gather_combine_dequantized(  # type: ignore[no-untyped-def]
+    slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner, max_norm,
+    init_kind, init_seed, init_a, init_b, out,
+) -> int:  # fmt: skip
+    """Fused probe + dequantise + combine (see reference.lowp.probe_gather_combine_dequantized)."""
+    check_bits(bits)
+    big = keys.shape[0] >= PARALLEL_MIN_KEYS
+    kernel = (
+        _probe_gather_combine_dequantized_parallel
+        if big
+        else _probe_gather_combine_dequantized_serial
+    )
+    return int(
+        kernel(
+            slots,
+            q,
+            bits,
+            last_step,
+            keys,
+            bounds,
+            weights,
+            min_live_step,
+            combiner,
+            max_norm,
+            init_kind,
+            np.uint64(init_seed),
+            init_a,
+            init_b,
+            out,
+        )
+    )

@@ -1,0 +1,228 @@
+"""Half-precision rows and quantised rows: the properties the parity table cannot show.
+
+Parity with the reference is in ``cases.py`` (round/widen, quantise/dequantise, the serving
+gathers, the fused half-precision update). Here, on every host backend: stochastic rounding
+is unbiased where round-to-nearest is not, reproducible from (seed, key, step, column) alone,
+and what makes tiny updates add up; quantised round trips stay within half a step; the byte
+layout is FBGEMM's; bad dtypes, bits and kinds are refused by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evdb.errors import ConfigError, InvalidArgumentError, InvalidTypeError
+from evdb.kernels import BACKENDS, OptimizerKind, backend
+from evdb.kernels.reference.lowp import quantized_row_bytes, storage_dtype, widen
+
+HALF = {"bfloat16": np.uint16, "float16": np.float16}
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10}
+# Mean rounding error allowed, in ulps. Stochastic rounding of N = 4096 draws has a standard
+# error of at most 0.5 / sqrt(N) = 0.008 ulp, so 0.05 is 6 standard errors; round-to-nearest
+# errs by the whole fraction, at least 0.2 ulp for the values drawn below.
+BIAS_BOUND = 0.05
+N_DRAWS = 4096
+
+
+@pytest.fixture(params=BACKENDS)
+def k(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    return backend(request.param)
+
+
+def ulp(x: np.ndarray, fmt: str) -> np.ndarray:
+    """The half-precision ulp at x (normal range)."""
+    return np.exp2(np.floor(np.log2(np.abs(x))) - MANTISSA_BITS[fmt])
+
+
+def between_halves(rng: np.random.Generator, m: int, fmt: str) -> np.ndarray:
+    """m float32 values whose fraction of a half-precision ulp is in [0.2, 0.8]."""
+    base = rng.uniform(0.5, 4.0, m) * rng.choice([-1, 1], m)
+    step = ulp(base, fmt)
+    lower = np.trunc(base / step) * step
+    return (lower + np.sign(base) * rng.uniform(0.2, 0.8, m) * step).astype(np.float32)
+
+
+def round_many(k, x: np.ndarray, fmt: str, stochastic: bool, *, step: int = 0) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """(N_DRAWS, m): x rounded once for each of N_DRAWS keys."""
+    values = np.tile(x.astype(np.float32), (N_DRAWS, 1))
+    rows = np.arange(N_DRAWS, dtype=np.int64)
+    keys = np.arange(N_DRAWS, dtype=np.int64) * 7919 - 10**6
+    out = np.zeros(values.shape, HALF[fmt])
+    k.round_rows(values, rows, keys, 42, step, stochastic, out)
+    return widen(out).astype(np.float64)
+
+
+@pytest.mark.parametrize("fmt", sorted(HALF))
+def test_stochastic_rounding_is_unbiased_and_nearest_is_not(k, rng, fmt: str) -> None:
+    x = between_halves(rng, 16, fmt)
+    step = ulp(x, fmt)
+    sr = (round_many(k, x, fmt, True) - x).mean(axis=0) / step
+    rn = (round_many(k, x, fmt, False) - x).mean(axis=0) / step
+    assert np.abs(sr).max() < BIAS_BOUND, sr
+    assert (np.abs(rn) > BIAS_BOUND).all(), rn  # the same bound fails round-to-nearest
+
+
+@pytest.mark.parametrize("fmt", sorted(HALF))
+def test_stochastic_rounding_is_unbiased_over_the_steps_of_one_key(k, rng, fmt: str) -> None:
+    # One key, one row, rounded again at every step: the step alone must refresh the bits.
+    x = between_halves(rng, 16, fmt)[None, :]
+    draws = np.zeros((2048, 16), HALF[fmt])
+    rows, keys = np.zeros(1, np.int64), np.full(1, 99, np.int64)
+    for s in range(draws.shape[0]):
+        k.round_rows(x, rows, keys, 5, s, True, draws[s : s + 1])
+    err = (widen(draws).astype(np.float64) - x).mean(axis=0) / ulp(x[0], fmt)
+    assert np.abs(err).max() < BIAS_BOUND, err  # 2048 draws: standard error <= 0.011 ulp
+
+
+@pytest.mark.parametrize("fmt", sorted(HALF))
+def test_rounding_bits_are_a_function_of_seed_key_step_and_column(k, rng, fmt: str) -> None:
+    x = np.tile(between_halves(rng, 32, fmt), (200, 1))
+    keys = rng.integers(-(2**63), 2**63 - 1, 200, dtype=np.int64)
+    rows = np.arange(200, dtype=np.int64)
+
+    def stored(seed: int, step: int, order: np.ndarray) -> np.ndarray:
+        out = np.zeros((200, 32), HALF[fmt])
+        k.round_rows(x[order], rows[order], keys[order], seed, step, True, out)
+        return out.view(np.uint16)
+
+    ident, shuffled = np.arange(200), rng.permutation(200)
+    first = stored(1, 10, ident)
+    np.testing.assert_array_equal(first, stored(1, 10, ident))  # deterministic
+    np.testing.assert_array_equal(first, stored(1, 10, shuffled))  # whatever the batch order
+    assert (first != stored(2, 10, ident)).mean() > 0.3  # another seed draws other bits
+    assert (first != stored(1, 11, ident)).mean() > 0.3  # so does another step
+    assert (first[:, 0] != first[:, 1]).mean() > 0.3  # and another column (same value there)
+
+
+def test_round_to_nearest_is_numpy_float16_and_torch_bfloat16(k, rng) -> None:
+    x = rng.integers(0, 2**32, (400, 64), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    rows, keys = np.arange(400, dtype=np.int64), np.zeros(400, np.int64)
+    half = np.zeros(x.shape, np.float16)
+    k.round_rows(x, rows, keys, 0, 0, False, half)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(half.view(np.uint16), x.astype(np.float16).view(np.uint16))
+    torch = pytest.importorskip("torch")
+    bf = np.zeros(x.shape, np.uint16)
+    k.round_rows(x, rows, keys, 0, 0, False, bf)
+    want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    finite = np.isfinite(x)  # torch writes every NaN as 0xFFFF; evdb keeps its top bits
+    np.testing.assert_array_equal(bf[finite], want[finite])
+    assert np.isnan(widen(bf)[~finite & np.isnan(x)]).all()
+
+
+@pytest.mark.parametrize("fmt", sorted(HALF))
+@pytest.mark.parametrize("kind", [OptimizerKind.SGD, OptimizerKind.ROWWISE_ADAGRAD])
+def test_stochastic_rounding_lets_tiny_updates_add_up(k, fmt: str, kind: int) -> None:
+    # Every step moves each weight by a tenth of an ulp: rounding to nearest keeps the rows
+    # where they started, stochastic rounding follows the float64 trajectory on average.
+    n, dim, steps = 512, 8, 40
+    w0 = np.float32(1.5)
+    values = {sr: np.full((n, dim), w0).astype(np.float32) for sr in (False, True)}
+    stored = {}
+    for sr, v in values.items():
+        out = np.zeros((n, dim), HALF[fmt])
+        k.round_rows(v, np.arange(n, dtype=np.int64), np.zeros(n, np.int64), 0, 0, False, out)
+        stored[sr] = out
+    one_ulp = float(ulp(np.array([w0]), fmt)[0])
+    lr = 0.1 * one_ulp
+    grads = np.ones((n, dim), np.float32)  # row-wise Adagrad: g / sqrt(acc) ~ 1 with acc = 1
+    hyper = np.array([lr, 0.0, 0.0, 0.0])  # no weight decay, lasso or eps
+    keys = np.arange(n, dtype=np.int64) + 10
+    pos = np.arange(n, dtype=np.int64)
+    bounds = np.arange(n + 1, dtype=np.int64)
+    for sr in (False, True):
+        slots = np.zeros((n, 1), np.float32)
+        for s in range(steps):
+            slots[:] = 1.0 - (1.0 if kind == OptimizerKind.ROWWISE_ADAGRAD else 0.0)
+            k.segment_sum_apply_lowp(
+                grads, pos, bounds, pos, keys, kind, hyper, 3, s, sr, stored[sr], slots
+            )
+    drift = steps * lr
+    got_rn = widen(stored[False]).astype(np.float64).mean()
+    got_sr = widen(stored[True]).astype(np.float64).mean()
+    assert got_rn == w0  # every update was lost
+    assert abs((w0 - got_sr) - drift) < 0.1 * drift  # within 10% of the true drift
+
+
+def test_half_update_refuses_a_kind_without_a_half_variant(k) -> None:
+    values = np.zeros((2, 3), np.uint16)
+    slots = np.zeros((2, 6), np.float32)
+    args = (np.zeros((1, 3), np.float32), np.zeros(1, np.int64), np.array([0, 1]))
+    with pytest.raises(InvalidArgumentError, match=r"kind: .*expected one of \(0, 1, 2, 6\)"):
+        k.segment_sum_apply_lowp(
+            *args, np.zeros(1, np.int64), np.zeros(1, np.int64), OptimizerKind.FTRL,
+            np.zeros(8), 0, 0, True, values, slots,
+        )  # fmt: skip
+    assert not values.any() and not slots.any()
+
+
+# -- quantised rows -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dim", [1, 5, 64])
+def test_quantised_round_trip_is_within_half_a_step(k, rng, bits: int, dim: int) -> None:
+    n = 500
+    values = (rng.standard_normal((n, dim)) * np.exp2(rng.integers(-12, 12, (n, 1)))).astype(
+        np.float32
+    )
+    values += rng.uniform(-100, 100, (n, 1)).astype(np.float32) * (rng.random((n, 1)) < 0.3)
+    q = np.zeros((n, quantized_row_bytes(dim, bits)), np.uint8)
+    k.quantize_rows(values, bits, q)
+    out = np.empty((n, dim), np.float32)
+    k.dequantize_rows(q, bits, np.arange(n, dtype=np.int64), out)
+    scale = q[:, 0:2].copy().view(np.float16).astype(np.float64)  # (n, 1)
+    err = np.abs(out.astype(np.float64) - values)
+    rounding = np.spacing(np.abs(values)).astype(np.float64)  # the float32 result's own ulp
+    assert (err <= scale / 2 + rounding).all()
+    # and the step is no coarser than the row needs: (max - bias) / levels, rounded up
+    bias = q[:, 2:4].copy().view(np.float16).astype(np.float64)
+    need = (values.max(axis=1, keepdims=True) - bias) / ((1 << bits) - 1)
+    assert ((scale <= need * (1 + 2**-10) + 2**-24) | ((need == 0) & (scale == 1))).all()
+
+
+def test_quantised_layout_is_fbgemm_rowwise(k) -> None:
+    # int4, a row 0..15 then 7: bias 0, scale 1, codes = values, two a byte, low nibble first
+    values = np.array([[*range(16), 7]], np.float32)
+    q = np.full((1, quantized_row_bytes(17, 4, align=16)), 0xFF, np.uint8)
+    assert q.shape[1] == 16  # 4 + ceil(17 / 2) = 13 bytes, padded to 16
+    k.quantize_rows(values, 4, q)
+    assert q[0, 0:2].view(np.float16)[0] == 1.0 and q[0, 2:4].view(np.float16)[0] == 0.0
+    assert q[0, 4:13].tolist() == [0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE, 0x07]
+    assert q[0, 13:].tolist() == [0, 0, 0]  # padding is zero
+    q8 = np.zeros((1, quantized_row_bytes(17, 8)), np.uint8)
+    assert q8.shape[1] == 21  # D + 4
+    k.quantize_rows(values, 8, q8)
+    scale = np.float64(q8[0, 0:2].view(np.float16)[0])
+    assert scale >= 15 / 255 and q8[0, 2:4].view(np.float16)[0] == 0.0
+    assert q8[0, 4:].tolist() == np.rint(values[0] / scale).astype(int).tolist()
+
+
+def test_quantise_refuses_bad_bits_and_bad_rows_and_writes_nothing(k) -> None:
+    values = np.ones((3, 4), np.float32)
+    q = np.full((3, 8), 7, np.uint8)
+    with pytest.raises(InvalidArgumentError, match=r"bits: expected one of \(8, 4\)"):
+        k.quantize_rows(values, 2, q)
+    values[1, 2] = np.nan
+    values[2, 0] = 1e6
+    with pytest.raises(InvalidArgumentError, match="values: row 1 "):
+        k.quantize_rows(values, 8, q)
+    with pytest.raises(InvalidArgumentError, match="out: expected"):
+        k.quantize_rows(np.ones((3, 9), np.float32), 8, q)
+    assert (q == 7).all()
+
+
+def test_bad_storage_dtypes_are_refused_naming_the_choices(k) -> None:
+    with pytest.raises(ConfigError, match=r"dtype: expected one of \('float32', 'bfloat16', "):
+        storage_dtype("float64")
+    assert storage_dtype("bfloat16") == np.uint16 and storage_dtype("float16") == np.float16
+    values = np.ones((2, 3), np.float32)
+    rows = np.arange(2, dtype=np.int64)
+    for bad in (np.float32, np.int16):
+        out = np.zeros((2, 3), bad)
+        with pytest.raises(InvalidTypeError, match=r"out: expected uint16 \(bfloat16 bits\) or"):
+            k.round_rows(values, rows, rows, 0, 0, True, out)
+        assert not out.any()
+        with pytest.raises(InvalidTypeError, match=r"src: expected uint16 \(bfloat16 bits\) or"):
+            k.widen_rows(out, rows, np.zeros((2, 3), np.float32))
