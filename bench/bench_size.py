@@ -42,7 +42,7 @@ import evdb
 from evdb.kernels.hashing import mix64_np
 from evdb.sizing import lru_curve, simulate, size_table
 from evdb.sizing_logs import read_key_log
-from evdb.trace import KeyRecorder, read_trace
+from evdb.trace import DEFAULT_MIN_KEYS, KeyRecorder, read_trace
 
 DIM = 16
 MOVIELENS = Path.home() / ".cache" / "evdb" / "ml-100k.inter"
@@ -70,14 +70,14 @@ def train(
     name: str,
     batches: list[np.ndarray],
     table_args: dict[str, Any],
-    traces: tuple[tuple[Path, float], ...] = (),
+    traces: tuple[tuple[Path, float, int], ...] = (),
 ) -> tuple[float, float]:
     """Train a real table on the batches (pull, zero-gradient Adagrad push, advance); returns
-    its measured DRAM hit rate and seconds. A recorder per (path, rate) of ``traces``
-    records each pull (as ``Table.pull`` will with a recorder attached)."""
+    its measured DRAM hit rate and seconds. A recorder per (path, rate, min_keys) of
+    ``traces`` records each pull (as ``Table.pull`` does with a recorder attached)."""
     with evdb.open(path) as db:
         t = db.create_table(name, dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.05), **table_args)
-        recorders = [KeyRecorder.for_table(t, p, rate=r) for p, r in traces]
+        recorders = [KeyRecorder.for_table(t, p, rate=r, min_keys=m) for p, r, m in traces]
         grads = np.zeros((max(b.shape[0] for b in batches), DIM), dtype=np.float32)
         t0 = time.perf_counter()
         for keys in batches:
@@ -157,7 +157,8 @@ def bench_overhead(args: argparse.Namespace) -> None:
 
 
 # -- Zipf click log -------------------------------------------------------------------------
-def bench_zipf(args: argparse.Namespace) -> None:
+def bench_zipf(args: argparse.Namespace) -> float:
+    """Returns the unsampled simulation's seconds per access (the speed part's baseline)."""
     rng = np.random.default_rng(2)
     log(f"zipf: drawing {args.accesses:,} keys")
     keys = zipf_keys(rng, args.accesses)
@@ -166,47 +167,59 @@ def bench_zipf(args: argparse.Namespace) -> None:
     conf: dict[str, Any] = dict(admission=evdb.admission.Counter(min_count=2), ttl_steps=100)
     work = Path(tempfile.mkdtemp(prefix="bench-size-"))
     measured = []
+    # the default recorder (rate, and min_keys raising it), and the plain fixed-rate one
+    traces = (
+        (work / "zipf.trace", args.rate, DEFAULT_MIN_KEYS),
+        (work / "fixed.trace", args.rate, 0),
+    )
     for i, rows in enumerate(sizes):
         log(f"zipf: real table, dram_rows={rows:,}")
-        recs = ((work / "zipf.trace", args.rate),) if i == 0 else ()
+        recs = traces if i == 0 else ()
         rate, secs = train(str(work / f"db{i}"), "item", batches, {**conf, "dram_rows": rows}, recs)
         measured.append((rate, secs))
-    log("zipf: sampled analysis")
-    t0 = time.perf_counter()
-    sampled_trace = read_trace(work / "zipf.trace")
-    report = size_table(sampled_trace, rows=sizes)
-    t_sampled = time.perf_counter() - t0
+    predicted, seconds, kept = {}, {}, {}
+    for name in ("zipf", "fixed"):
+        log(f"zipf: analysis of the {name} trace")
+        t0 = time.perf_counter()
+        tr = read_trace(work / f"{name}.trace")
+        report = size_table(tr, rows=sizes)
+        seconds[name] = time.perf_counter() - t0
+        assert report.policy is not None
+        at = np.isin(report.policy.rows, sizes)
+        predicted[name] = report.policy.hit_rate()[at]
+        kept[name] = (tr.header.rate, report.distinct, report.policy.mini_rows[at])
     np.savez(work / "full.npz", key=keys, step=np.arange(keys.shape[0]) // args.batch)
     full = read_key_log(work / "full.npz")
-    config = evdb.TableConfig.from_dict(sampled_trace.header.config)  # type: ignore[arg-type]
+    config = evdb.TableConfig.from_dict(read_trace(work / "zipf.trace").header.config)  # type: ignore[arg-type]
     log("zipf: unsampled simulation")
     t0 = time.perf_counter()
     unsampled = simulate(full, sizes, config=config)
     t_full = time.perf_counter() - t0
     shutil.rmtree(work, ignore_errors=True)
-    assert report.policy is not None
-    pred = report.policy.hit_rate()
-    pred = pred[np.isin(report.policy.rows, sizes)]
     unsamp = unsampled.hit_rate()
     lru_full = lru_curve(full).hit_rate(sizes)
-    print(f"\n## Zipf(1.1) click log: predicted (rate {args.rate:g}) vs measured DRAM hit rate")
+    (r_def, d_def, m_def), (_, d_fix, m_fix) = kept["zipf"], kept["fixed"]
+    print("\n## Zipf(1.1) click log: predicted vs measured DRAM hit rate")
     print(
-        f"setup: {keys.shape[0]:,} accesses (scale: {keys.shape[0] / 10e6:.2g} of the issue's "
-        f"10M; 2 shared cores), {np.unique(keys).shape[0]:,} distinct keys, batches of "
-        f"{args.batch:,}; tables: dim {DIM}, Adagrad, Counter(min_count=2), ttl_steps=100, "
-        f"LFU, RocksDB below; trace: {sampled_trace.keys.shape[0]:,} keys kept, "
-        f"{report.distinct:,} distinct"
+        f"setup: {keys.shape[0]:,} accesses, {np.unique(keys).shape[0]:,} distinct keys, batches "
+        f"of {args.batch:,}; tables: dim {DIM}, Adagrad, Counter(min_count=2), ttl_steps=100, "
+        f"LFU, RocksDB below. Traces recorded during the first table's run: 'default' = "
+        f"KeyRecorder(rate={args.rate:g}) with its default min_keys={DEFAULT_MIN_KEYS:,} "
+        f"(ended at rate {r_def:.4f}, {d_def:,} distinct keys; miniatures {m_def.tolist()} rows), "
+        f"'fixed' = rate {args.rate:g}, min_keys=0 ({d_fix:,} distinct keys; miniatures "
+        f"{m_fix.tolist()} rows)"
     )
     rows_out = []
     for j, rows in enumerate(sizes):
         m = measured[j][0]
+        pd, pf = predicted["zipf"][j], predicted["fixed"][j]
         rows_out.append(
-            [f"{rows:,}", pct(m), pct(pred[j]), pts(pred[j] - m), pct(unsamp[j]),
-             pts(pred[j] - unsamp[j]), pct(lru_full[j])]
+            [f"{rows:,}", pct(m), pct(pd), pts(pd - m), pct(pf), pts(pf - m), pct(unsamp[j]),
+             pts(pd - unsamp[j]), pct(lru_full[j])]
         )  # fmt: skip
     print_table(
-        ["dram_rows", "measured", "predicted", "error (pts)", "unsampled sim",
-         "sampled-unsampled", "LRU (exact)"],
+        ["dram_rows", "measured", "default trace", "error (pts)", f"fixed {args.rate:g}",
+         "error (pts)", "unsampled sim", "default-unsampled", "LRU (exact)"],
         rows_out,
     )  # fmt: skip
     print(f"\n## Analysis speed, same trace ({keys.shape[0]:,} accesses, 3 sizes)")
@@ -214,12 +227,70 @@ def bench_zipf(args: argparse.Namespace) -> None:
         ["", "seconds", "ratio"],
         [
             ["unsampled simulation (baseline)", f"{t_full:.2f}", "1.00x"],
-            [f"analysis at rate {args.rate:g}", f"{t_sampled:.2f}",
-             f"{t_full / t_sampled:.1f}x faster"],
+            [f"analysis, default trace (rate {r_def:.4f})", f"{seconds['zipf']:.2f}",
+             f"{t_full / seconds['zipf']:.1f}x faster"],
+            [f"analysis, fixed rate {args.rate:g}", f"{seconds['fixed']:.2f}",
+             f"{t_full / seconds['fixed']:.1f}x faster"],
             ["real tables, one size (for scale)", f"{measured[0][1]:.2f}", ""],
         ],
         first_left=1,
     )  # fmt: skip
+    return t_full / keys.shape[0]
+
+
+# -- analysis speed at a larger trace -------------------------------------------------------
+def bench_speed(args: argparse.Namespace, unsampled_per_access: float | None) -> None:
+    """A ``--speed-accesses`` Zipf(1.1) trace generated and recorded in chunks (never all in
+    memory), analysed at 3 sizes; the unsampled baseline at that length is the Zipf part's
+    unsampled simulation time per access times the length (the replay is linear in it)."""
+    if unsampled_per_access is None:
+        print("\n## Analysis speed at --speed-accesses: skipped (needs the zipf part's baseline)")
+        return
+    n, chunk = args.speed_accesses, 10_000_000
+    rng = np.random.default_rng(3)
+    work = Path(tempfile.mkdtemp(prefix="bench-size-"))
+    conf = evdb.TableConfig(
+        dim=DIM, admission=evdb.admission.Counter(min_count=2), ttl_steps=100, hbm=None
+    )
+    t_record = 0.0
+    for name, min_keys in (("zipf", DEFAULT_MIN_KEYS), ("fixed", 0)):
+        rng = np.random.default_rng(3)
+        with KeyRecorder(work / f"{name}.trace", table="item", config=conf, rate=args.rate,
+                         min_keys=min_keys) as rec:  # fmt: skip
+            step = 0
+            for start in range(0, n, chunk):
+                log(f"speed: {name}: recording accesses {start:,}..")
+                keys = zipf_keys(rng, min(chunk, n - start))
+                for b in batches_of(keys, args.batch):
+                    counted = np.unique(b).shape[0]
+                    t0 = time.perf_counter()
+                    rec.record("pull", b, step, counted=counted)
+                    t_record += time.perf_counter() - t0
+                    step += 1
+    out = []
+    for name in ("zipf", "fixed"):
+        log(f"speed: analysing the {name} trace")
+        t0 = time.perf_counter()
+        tr = read_trace(work / f"{name}.trace")
+        size_table(tr, rows=[5_000, 20_000, 80_000])
+        secs = time.perf_counter() - t0
+        out.append((name, tr.header.rate, tr.keys.shape[0], secs))
+    shutil.rmtree(work, ignore_errors=True)
+    base = unsampled_per_access * n
+    print(f"\n## Analysis speed: a {n:,}-access trace, 3 sizes")
+    print(
+        f"baseline: the unsampled simulation of this length, extrapolated linearly from the "
+        f"Zipf part's ({unsampled_per_access * 1e6:.2f} us per access; not run at this length "
+        f"on 2 shared cores). Recording both traces: {t_record:.1f} s in record()."
+    )
+    rows = [["unsampled simulation (baseline, extrapolated)", f"{base:.1f}", "1.00x"]]
+    for name, rate, kept_keys, secs in out:
+        label = "default trace" if name == "zipf" else f"fixed rate {args.rate:g}"
+        rows.append(
+            [f"analysis, {label} (rate {rate:.4f}, {kept_keys:,} keys)", f"{secs:.1f}",
+             f"{base / secs:.1f}x faster"]
+        )  # fmt: skip
+    print_table(["", "seconds", "ratio"], rows, first_left=1)
 
 
 # -- MovieLens ------------------------------------------------------------------------------
@@ -246,7 +317,11 @@ def bench_movielens(args: argparse.Namespace) -> None:
         return
     ub, ib = movielens_batches(MOVIELENS)
     conf: dict[str, Any] = dict(admission=evdb.admission.Counter(min_count=2), ttl_steps=400)
-    rates = sorted({args.rate, 0.1, 0.5})
+    # the default recorder (min_keys raises the rate: these key spaces are recorded whole),
+    # and fixed rates without it
+    recorders = [("default", args.rate, DEFAULT_MIN_KEYS)] + [
+        (f"fixed {r:g}", r, 0) for r in sorted({args.rate, 0.1, 0.5})
+    ]
     work = Path(tempfile.mkdtemp(prefix="bench-size-"))
     print("\n## MovieLens 100K (the example's traffic): predicted vs measured DRAM hit rate")
     print(
@@ -260,25 +335,36 @@ def bench_movielens(args: argparse.Namespace) -> None:
         measured = []
         for i, rows in enumerate(sizes):
             log(f"movielens: {name}, dram_rows={rows}")
-            recs = tuple((work / f"{name}-{r}.trace", r) for r in rates) if i == 0 else ()
+            recs = (
+                tuple((work / f"{name}-{j}.trace", r, m) for j, (_, r, m) in enumerate(recorders))
+                if i == 0
+                else ()
+            )
             measured.append(
                 train(str(work / f"{name}{i}"), name, batches, {**conf, "dram_rows": rows}, recs)[0]
             )
         out = []
-        for r in rates:
-            tr = read_trace(work / f"{name}-{r}.trace")
+        for k, (label, _, _) in enumerate(recorders):
+            tr = read_trace(work / f"{name}-{k}.trace")
             rep = size_table(tr, rows=sizes)
             assert rep.policy is not None
             hr = rep.policy.hit_rate()[np.isin(rep.policy.rows, sizes)]
             kept = np.unique(tr.keys).shape[0]
             for j, rows in enumerate(sizes):
                 out.append(
-                    [f"{name}", f"{rows:,}", f"{r:g} ({kept} keys)", pct(measured[j]), pct(hr[j]),
-                     pts(hr[j] - measured[j])]
+                    [f"{name}", f"{rows:,}", f"{label}: {tr.header.rate:.3g} ({kept} keys)",
+                     pct(measured[j]), pct(hr[j]), pts(hr[j] - measured[j])]
                 )  # fmt: skip
         print(f"\n{name}: {distinct:,} distinct ids")
         print_table(
-            ["table", "dram_rows", "rate (sampled ids)", "measured", "predicted", "error (pts)"],
+            [
+                "table",
+                "dram_rows",
+                "trace: rate (sampled ids)",
+                "measured",
+                "predicted",
+                "error (pts)",
+            ],
             out,
             first_left=1,
         )
@@ -291,6 +377,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8192)
     parser.add_argument("--rate", type=float, default=0.01)
     parser.add_argument("--rounds", type=int, default=4, help="overhead: rounds of 64 steps")
+    parser.add_argument(
+        "--speed-accesses", type=int, default=0, help="speed: a trace this long (0: skip)"
+    )
     parser.add_argument("--skip", nargs="*", default=[], choices=["overhead", "zipf", "movielens"])
     args = parser.parse_args()
     print("# bench_size: evdb size's accuracy and speed, recording overhead")
@@ -298,8 +387,11 @@ def main() -> None:
     print(versions_line("n/a"))
     if "overhead" not in args.skip:
         bench_overhead(args)
+    per_access = None
     if "zipf" not in args.skip:
-        bench_zipf(args)
+        per_access = bench_zipf(args)
+    if args.speed_accesses:
+        bench_speed(args, per_access)
     if "movielens" not in args.skip:
         bench_movielens(args)
     print()

@@ -41,7 +41,7 @@ import numpy as np
 
 from evdb._types import Int64Array
 from evdb.errors import CorruptDataError, InvalidArgumentError
-from evdb.sizing_kernels import sample_into, sample_threshold
+from evdb.sizing_kernels import sample_hashed_into, sample_into, sample_threshold
 from evdb.trace_format import (
     DEFAULT_MIN_KEYS,
     MAGIC,
@@ -55,7 +55,7 @@ from evdb.trace_format import (
     parse_seed,
     salt_of,
 )
-from evdb.trace_sample import FULL, SmallestHashes, final_threshold, key_hashes
+from evdb.trace_sample import FULL, SmallestHashes, final_threshold
 
 if TYPE_CHECKING:
     from evdb.config import TableConfig
@@ -203,16 +203,21 @@ class KeyRecorder:
         if counted is None:
             counted = n if code == 1 else -1
         threshold = self._threshold  # read once: another thread may lower it (still safe)
-        if threshold == FULL:
+        hashes = None
+        if threshold == FULL and self._smallest.settled:  # rate 1
             kept = k.copy()
         else:
             if not k.flags.c_contiguous:
                 k = np.ascontiguousarray(k)
             out = np.empty(n, dtype=np.int64)
-            kept = out[: sample_into(k, self._salt, threshold, out)].copy()
+            if self._smallest.settled:
+                kept = out[: sample_into(k, self._salt, threshold, out)].copy()
+            else:  # min_keys: the kept keys' hashes lower the threshold
+                hashes = np.empty(n, dtype=np.uint64)
+                kept = out[: sample_hashed_into(k, self._salt, threshold, out, hashes)].copy()
         with self._lock:
-            if not self._smallest.settled:  # fixed-size SHARDS: the threshold falls
-                self._threshold = np.uint64(self._smallest.add(key_hashes(kept, int(self._salt))))
+            if hashes is not None:  # fixed-size SHARDS: the threshold falls
+                self._threshold = np.uint64(self._smallest.add(hashes, kept.shape[0]))
             self.batches += 1
             self.seen += n
             self._keys.append(kept)

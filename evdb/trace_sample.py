@@ -19,9 +19,16 @@ import numpy as np
 
 from evdb._types import Int64Array
 from evdb.kernels.hashing import mix64_np
-from evdb.sizing_kernels import THRESHOLD_BITS
+from evdb.sizing_kernels import THRESHOLD_BITS, smallest_add
 
-__all__ = ["FULL", "SmallestHashes", "final_threshold", "key_hashes"]
+__all__ = [
+    "FULL",
+    "SmallestHashes",
+    "SmallestHashesReference",
+    "final_threshold",
+    "keep_under",
+    "key_hashes",
+]
 
 FULL = 1 << THRESHOLD_BITS  # the threshold that keeps every key
 _SHIFT = np.uint64(64 - THRESHOLD_BITS)
@@ -43,8 +50,9 @@ def threshold_of(smallest: np.ndarray, min_keys: int, floor: int) -> int:
     return max(floor, int(smallest[min_keys - 1]) + 1)
 
 
-class SmallestHashes:
-    """The ``min_keys`` smallest distinct key hashes seen, and the threshold they set.
+class SmallestHashesReference:
+    """The ``min_keys`` smallest distinct key hashes seen, and the threshold they set: the
+    plain-numpy specification of ``SmallestHashes``.
 
     ``add`` takes the hashes of a batch's kept keys (the keys under the current threshold:
     the only ones that can be among the smallest). Cheap: a sorted array of at most
@@ -75,6 +83,38 @@ class SmallestHashes:
             merged = np.insert(self.hashes, at[~known], new[~known])
             self.hashes = merged[: self.min_keys]
             self.threshold = threshold_of(self.hashes, self.min_keys, self.floor)
+        return self.threshold
+
+
+class SmallestHashes:
+    """``SmallestHashesReference`` on the ``smallest_add`` kernel: a max-heap of the
+    ``min_keys`` smallest distinct hashes and a set of them (``hashes`` is the heap,
+    unordered; ``sorted_hashes()`` sorts it)."""
+
+    def __init__(self, min_keys: int, floor: int) -> None:
+        self.min_keys = min_keys
+        self.floor = floor
+        self._heap = np.zeros(max(min_keys, 1), dtype=np.uint64)
+        self._table = np.zeros(1 << max(4, (2 * max(min_keys, 1)).bit_length()), np.uint64)
+        self._size = 0
+        self.threshold = FULL if min_keys > 0 else floor
+
+    @property
+    def settled(self) -> bool:
+        """True once the threshold is the floor (it can fall no further)."""
+        return self.threshold <= self.floor
+
+    def sorted_hashes(self) -> np.ndarray:
+        return np.sort(self._heap[: self._size])
+
+    def add(self, hashes: np.ndarray, n: int | None = None) -> int:
+        """Take ``hashes[:n]`` (uint64; all of them by default); returns the threshold."""
+        if self.settled:
+            return self.threshold
+        count = hashes.shape[0] if n is None else n
+        self._size = smallest_add(hashes, count, self._heap, self._size, self._table)
+        if self._size == self.min_keys:
+            self.threshold = max(self.floor, int(self._heap[0]) + 1)
         return self.threshold
 
 

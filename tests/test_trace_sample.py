@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from evdb.trace import KeyRecorder, read_trace, salt_of
-from evdb.trace_sample import FULL, SmallestHashes, key_hashes
+from evdb.trace_sample import FULL, SmallestHashes, SmallestHashesReference, key_hashes
 
 
 def _record(path: Path, batches: list[np.ndarray], **kw: object) -> None:
@@ -79,17 +79,21 @@ def test_an_incomplete_trace_settles_the_same_way(tmp_path: Path) -> None:
     rec.close()
 
 
-def test_smallest_hashes_against_a_sort(tmp_path: Path) -> None:
-    rng = np.random.default_rng(5)
-    s = SmallestHashes(64, floor=1000)
+@pytest.mark.parametrize("impl", [SmallestHashes, SmallestHashesReference])
+@pytest.mark.parametrize("shift", [0, 9])  # 9: every hash in one probe run (collisions)
+def test_smallest_hashes_against_a_sort(impl: type, shift: int) -> None:
+    rng = np.random.default_rng(5 + shift)
+    s = impl(64, floor=1000)
     seen: list[np.ndarray] = []
-    for _ in range(40):
-        h = rng.integers(0, FULL, 50, dtype=np.int64).astype(np.uint64)
-        h = np.concatenate([h, h[:5]])  # repeats count once
-        s.add(h[h < np.uint64(s.threshold)])  # the recorder hands over the kept ones only
+    for _ in range(60):
+        h = rng.integers(0, FULL >> shift, 50, dtype=np.int64).astype(np.uint64) << np.uint64(shift)
+        h = np.concatenate([h, h[:5], rng.choice(np.concatenate(seen), 5) if seen else h[:1]])
+        kept = h[h < np.uint64(s.threshold)]  # the recorder hands over the kept ones only
+        s.add(kept)
         seen.append(h)
         want = np.unique(np.concatenate(seen))[:64]
-        np.testing.assert_array_equal(s.hashes, want)
+        got = s.sorted_hashes() if impl is SmallestHashes else s.hashes
+        np.testing.assert_array_equal(got, want)
         full = want.shape[0] == 64
         assert s.threshold == (max(1000, int(want[-1]) + 1) if full else FULL)
 
