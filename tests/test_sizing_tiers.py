@@ -80,16 +80,22 @@ def test_size_thresholds_halve_only_while_the_miniature_stays_big(rows: int) -> 
     empty = np.zeros(0, dtype=np.int64)
     header = evdb.trace.TraceHeader("x", None, "", 0.5, 0, floor_rate=0.001)
     tr = Trace(header, empty, np.zeros(1, np.int64), np.zeros(0, np.uint8), empty, empty, empty)
-    (t,) = size_thresholds(tr, [rows]).tolist()
     top, floor = FULL // 2, round(0.001 * FULL)
-    assert floor <= t <= top
-    assert t == top or t * rows >= MINIATURE_ROWS * FULL  # a subsample keeps the rows it needs
-    assert t // 2 < floor or (t // 2) * rows < MINIATURE_ROWS * FULL  # and halves no further
+    for distinct in (10**6, 20_000):
+        (t,) = size_thresholds(tr, [rows], distinct).tolist()
+        assert floor <= t <= top
+        # a subsample keeps the rows and the keys it needs, and halves no further
+        assert t == top or (t * rows >= MINIATURE_ROWS * FULL and distinct * t >= 8192 * top)
+        half = t // 2
+        assert half < floor or half * rows < MINIATURE_ROWS * FULL or distinct * half < 8192 * top
     fixed = dataclasses.replace(tr, header=dataclasses.replace(header, floor_rate=None))
-    assert size_thresholds(fixed, [rows]).tolist() == [top]  # a fixed-rate trace: never
+    assert size_thresholds(fixed, [rows], 10**6).tolist() == [top]  # a fixed-rate trace: never
 
 
-def test_a_subsampled_size_replays_the_subsample(tmp_path: Path) -> None:
+def test_a_subsampled_size_replays_the_subsample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(evdb.sizing, "SUBSAMPLE_KEYS", 10)  # the trace holds ~2,000 keys
     _train(tmp_path / "db", tmp_path / "t", steps=30, dram_rows=100)
     tr = _raised(read_trace(tmp_path / "t"), 1.0, 1 / 64)
     big = 40 * MINIATURE_ROWS  # its miniature needs only 1/32 of the keys
