@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -156,7 +157,7 @@ def test_bad_option_is_a_usage_error(db: Path, args: list[str]) -> None:
 
 def test_bad_value_found_by_evdb_is_a_usage_error(db: Path) -> None:
     assert "--l2-threshold must be" in fails(2, "compact", db, "--l2-threshold", "nan")
-    assert "dest" in fails(2, "checkpoint", db, db)  # dest exists
+    assert "DEST: " in fails(2, "checkpoint", db, db)  # dest exists
 
 
 def test_errors_name_the_flags_not_the_python_arguments(db: Path, tmp_path: Path) -> None:
@@ -170,6 +171,30 @@ def test_errors_name_the_flags_not_the_python_arguments(db: Path, tmp_path: Path
 
     message = "no table 'format' in /x/dtype; format_version=2"
     assert flag_names(message, cli.commands["export"]) == message
+
+
+def test_errors_name_table_base_and_the_positional_arguments_as_the_usage_does(
+    db: Path, tmp_path: Path
+) -> None:
+    """A table's ``name`` reads ``--table``, ``base`` ``--base``, ``path``/``dest``/``src``
+    the usage line's PATH, DEST and SRC."""
+    line = fails(4, "export", db, tmp_path / "out", "--format", "npz", "--table", "nope")
+    assert "evdb: error: --table: no table 'nope'" in line, line
+    assert "--table: no table 'nope'" in fails(4, "compact", db, "--table", "nope")
+    src = tmp_path / "v.npz"
+    np.savez(src, keys=np.arange(2), values=np.ones((2, 3), np.float32))
+    line = fails(2, "import", src, db, "--table", "bad/name", "--format", "npz")
+    assert "evdb: error: --table must be 1-128 characters" in line and "got 'bad/name'" in line
+    line = fails(2, "import", src, db, "--table", "item", "--format", "npz")
+    assert "--table: 'item' has dim 4" in line, line
+    assert "--base: " in fails(4, "checkpoint", db, tmp_path / "ck", "--base", db)
+    assert "SRC: " in fails(4, "import", tmp_path / "nofile", db, "--table", "x", "--format", "npz")
+    assert "PATH: " in fails(4, "info", tmp_path / "missing")
+    for line in (
+        fails(4, "export", db, tmp_path / "out", "--format", "npz", "--table", "nope"),
+        fails(2, "checkpoint", db, db),
+    ):
+        assert not re.search(r"(?<![\w-])(name|dest|path|table):", line), line
 
 
 def test_locked_database_is_a_one_line_failure(db: Path) -> None:
@@ -278,7 +303,7 @@ def test_import_then_info(tmp_path: Path) -> None:
     assert ok_json("info", path)["tables"]["emb"]["rows"] == 10
     done = evdb_cli("import", src, path, "--table", "emb", "--format", "npz")
     assert done.returncode == 0 and "rows" in done.stdout
-    assert "src" in fails(
+    assert "SRC: " in fails(
         4, "import", tmp_path / "none.npz", path, "--table", "e", "--format", "npz"
     )
 

@@ -71,21 +71,32 @@ class _Cli(click.Group):
             raise click.exceptions.Exit(code) from None
 
 
+# Library arguments that a flag sets under another name: a table's ``name`` is ``--table``.
+_ALIASES = {"--table": ("table", "name")}
+
+
 def flag_names(message: str, command: click.Command) -> str:
     """A library message in the command line's words: each Python argument that one of
     ``command``'s flags sets is named by the flag, ``include_slots=True`` as
-    ``--include-slots``, ``format='npz'`` as ``--format 'npz'`` and ``dtype must`` as
-    ``--dtype must``; other words (an option's value, a table's name) are left as they are."""
+    ``--include-slots``, ``format='npz'`` as ``--format 'npz'``, ``dtype must`` as ``--dtype
+    must`` and ``base:`` as ``--base:`` (a table's ``name`` as ``--table``); a positional
+    argument by its metavar (``dest:`` as ``DEST:``); other words (an option's value, a
+    table's name) are left as they are."""
     for param in command.params:
+        if isinstance(param, click.Argument) and param.name:
+            word = rf"(?<![\w'\"./-]){re.escape(param.name)}"
+            message = re.sub(rf"{word}(?=:)", param.human_readable_name, message)
+            continue
         flags = [o for o in param.opts if o.startswith("--")]
         if not isinstance(param, click.Option) or not flags:
             continue
-        flag, name = flags[0], re.escape(flags[0][2:].replace("-", "_"))
-        word = rf"(?<![\w'\"./-]){name}"  # not inside a value, a path or a longer name
-        if param.is_flag:
-            message = re.sub(rf"{word}=True\b", flag, message)
-        message = re.sub(rf"{word}=", f"{flag} ", message)
-        message = re.sub(rf"{word}(?= (?:must|needs|is|are|cannot|should)\b)", flag, message)
+        flag = flags[0]
+        for name in _ALIASES.get(flag, (flag[2:].replace("-", "_"),)):
+            word = rf"(?<![\w'\"./-]){re.escape(name)}"  # not inside a value, a path, a name
+            if param.is_flag:
+                message = re.sub(rf"{word}=True\b", flag, message)
+            message = re.sub(rf"{word}=", f"{flag} ", message)
+            message = re.sub(rf"{word}(?=:| (?:must|needs|is|are|cannot|should)\b)", flag, message)
     return message
 
 
