@@ -109,3 +109,18 @@ def test_a_subsampled_size_replays_the_subsample(
         alone.misses["pull"][0],
     )
     assert got.rate[1] == pytest.approx(1 / 32)  # type: ignore[index]
+
+
+def test_cli_sizes_the_hbm_tier(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from evdb.tools.cli import cli
+
+    real = _train(tmp_path / "db", tmp_path / "t", steps=40, **HBM)
+    done = CliRunner().invoke(cli, ["size", str(tmp_path / "t"), "--tier", "hbm", "--rows", "40"])
+    assert done.exit_code == 0, done.stderr
+    assert "current hbm_rows" in done.stdout and "HBM hit rate now" in done.stdout
+    hbm = real["hbm"]["pull_hits"] / (real["hbm"]["pull_hits"] + real["hbm"]["pull_misses"])
+    assert f"{100 * hbm:.2f}%" in done.stdout  # unsampled: the real table's HBM hit rate
+    done = CliRunner().invoke(cli, ["size", str(tmp_path / "t"), "--tier", "hbm", "--json"])
+    assert done.exit_code == 0 and '"tier": "hbm"' in done.stdout
