@@ -113,7 +113,8 @@ def cmd_export(
     "format_",
     type=click.Choice(IMPORT_FORMATS),
     required=True,
-    help="Vector file format (npz: arrays keys and values).",
+    help="Vector file format (npz: arrays keys and values; an evdb npz export's config "
+    "and slots too).",
 )
 @click.option(
     "--freeze", is_flag=True, help="Freeze the imported rows: training never changes them."
@@ -125,8 +126,9 @@ def cmd_import(
     """Import vectors from the file SRC into a table of the database at PATH.
 
     The database is created if missing, the table too (word formats: a str table that keeps
-    its strings). A failed import leaves nothing behind: no new table, and no database
-    directory it created.
+    its strings; an npz that evdb exported: the exported table's config, and its slots if
+    exported with --include-slots; another npz: SGD, no TTL, no admission). A failed import
+    leaves nothing behind: no new table, and no database directory it created.
     """
     with progress_bar("import") as progress:  # a failed import removes a database it created
         result = offline.import_file(

@@ -5,8 +5,9 @@ format                 ``dest`` holds, besides ``MANIFEST.json``
 =====================  ====================================================================
 ``serving``            an evdb database of the live rows (SGD: no slots; no TTL, no
                        admission) that ``evdb.open(dest, read_only=True)`` serves
-``npz``                ``<table>.npz``: ``keys`` (n,) int64, ``values`` (n, dim), and with
-                       ``include_slots`` ``slots`` (n, k) float32
+``npz``                ``<table>.npz``: ``keys`` (n,) int64, ``values`` (n, dim), with
+                       ``include_slots`` ``slots`` (n, k) float32, and ``config`` (uint8:
+                       the table's config as JSON), which ``evdb import`` restores
 ``safetensors``        ``<table>.safetensors``: the same tensors (``I64``, ``F32``/``F16``)
 ``parquet``            ``<table>.parquet``: ``key`` int64, ``value`` fixed_size_list[dim],
                        optional ``slots``; a row group per chunk
@@ -293,7 +294,7 @@ def _write_file(job: _Job, t: Table, format: str, entry: dict[str, Any], step: i
     rows = job.chunks(t, entry["rows"], "slots" in entry)
     path = job.tmp / entry["file"]
     if format == "npz":
-        _write_npz(path, rows, entry)
+        _write_npz(path, rows, entry, {"step": step, "config": t.config.to_dict()})
     elif format == "safetensors":
         _write_safetensors(path, rows, entry, step)
     elif format == "parquet":
@@ -321,9 +322,13 @@ def _npy_header(f: IO[bytes], descr: str, shape: list[int]) -> None:
     np.lib.format.write_array_header_1_0(f, header)
 
 
-def _write_npz(path: Path, rows: Iterator[Chunk], entry: dict[str, Any]) -> None:
+def _write_npz(
+    path: Path, rows: Iterator[Chunk], entry: dict[str, Any], config: dict[str, Any]
+) -> None:
     """``values.npy`` streams straight into the zip (stored, zip64, as ``np.savez`` writes);
-    keys and slots are spooled to anonymous temporary files and copied in after it."""
+    keys and slots are spooled to anonymous temporary files and copied in after it;
+    ``config.npy`` is the JSON of config (the step and the table's config) as uint8, so
+    the file alone brings its table back (``evdb.io.importer``)."""
     n, dim = entry["rows"], entry["dim"]
     value_descr = "<f2" if "float16_overflows" in entry else "<f4"
     with (
@@ -346,6 +351,9 @@ def _write_npz(path: Path, rows: Iterator[Chunk], entry: dict[str, Any]) -> None
             with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
                 _npy_header(f, descr, shape)
                 shutil.copyfileobj(spool, f, _COPY_BYTES)
+        blob = np.frombuffer(json.dumps(config, sort_keys=True).encode(), np.uint8)
+        with zf.open("config.npy", "w") as f:
+            np.lib.format.write_array(f, blob, allow_pickle=False)
 
 
 # -- safetensors ----------------------------------------------------------------------------
