@@ -1,0 +1,219 @@
+"""Bytes a row: torch fp32 + Adagrad against evdb, and what bfloat16 rows and quantised
+serving rows would cost (issue 29).
+
+Every figure is the RSS growth of a fresh Python process (``--one``) while it builds one
+thing of ``--rows`` rows (1M by default) of dim ``--dim`` (64), divided by the rows; the
+process first imports everything and warms up the kernels it will use on a few rows, so only
+the thing itself is counted. Two kinds of figure:
+
+* **measured table**: a real one. ``torch``: ``nn.Embedding(rows, dim, sparse=True)`` and
+  ``torch.optim.Adagrad`` after one step (weight + the ``sum`` state); ``evdb``: a table in
+  DRAM only (``disk=False``), every row upserted, one push over a batch; with Adagrad (a
+  float32 accumulator a column) and with row-wise Adagrad (one a row).
+* **measured arrays**: the layouts of ``evdb/kernels/*/lowp.py``, filled through those
+  kernels, before any tier stores them: bfloat16 values (``round_rows``) + one float32
+  row-wise Adagrad accumulator; serving rows as float32, float16, int8 and int4
+  (``quantize_rows``, FBGEMM's 16-byte row padding: 256 / 128 / 80 / 48 bytes at dim 64),
+  each with the hash index a serving snapshot needs (``hash_insert`` into a slot table sized
+  as ``evdb.hashindex`` sizes one). The "projected table" line is evdb's measured row-wise
+  Adagrad table with its float32 values (4 dim bytes) replaced by bfloat16 (2 dim): what a
+  ``dtype="bfloat16"`` table would cost once the tiers store the kernels' layout.
+
+The ratio column is each figure over torch fp32 + Adagrad's, measured in the same run. Run
+from the repository root: ``.venv/bin/python bench/bench_memory.py`` (about a minute at 1M
+rows on 2 shared cores; ``--rows 100000`` for a quick look).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from _common import cpu_line, log, malloc_trim, print_table, random_keys, rss, versions_line
+
+CHUNK = 65_536  # rows per fill call: the float32 staging never outweighs the measured thing
+SEED = 0
+
+
+def _settle() -> int:
+    gc.collect()
+    malloc_trim()
+    return rss()
+
+
+# -- the things measured, each in its own process ----------------------------------------
+
+
+def torch_adagrad(rows: int, dim: int) -> dict[str, Any]:
+    import torch
+
+    warm = torch.nn.Embedding(8, dim, sparse=True)  # torch's own first-use allocations
+    torch.optim.Adagrad(warm.parameters(), lr=0.01).step()
+    before = _settle()
+    emb = torch.nn.Embedding(rows, dim, sparse=True)
+    opt = torch.optim.Adagrad(emb.parameters(), lr=0.01)  # allocates its sum state here
+    idx = torch.randint(0, rows, (4096,))
+    emb(idx).sum().backward()
+    opt.step()
+    return {"bytes": _settle() - before}
+
+
+def evdb_table(rows: int, dim: int, optimizer: str) -> dict[str, Any]:
+    import evdb
+
+    def make(db: evdb.Database, name: str) -> evdb.Table:
+        opt = {"adagrad": evdb.optim.Adagrad, "rowwise": evdb.optim.RowWiseAdagrad}[optimizer]
+        return db.create_table(name, dim=dim, optimizer=opt(lr=0.01), disk=False)
+
+    rng = np.random.default_rng(SEED)
+    with tempfile.TemporaryDirectory() as tmp, evdb.open(f"{tmp}/db") as db:
+        warm = make(db, "warm")  # kernels compiled or loaded, scratch allocated
+        fill(warm, random_keys(rng, 5000), dim, rng)
+        before = _settle()
+        t = make(db, "t")
+        keys = random_keys(rng, rows)
+        fill(t, keys, dim, rng)
+        grown = _settle() - before
+        stats = t.stats()
+        return {"bytes": grown, "rows": int(stats["rows"])}
+
+
+def fill(t: Any, keys: np.ndarray, dim: int, rng: np.random.Generator) -> None:
+    """Upsert every key in chunks, then one training step over a batch of them."""
+    for start in range(0, keys.shape[0], CHUNK):
+        part = keys[start : start + CHUNK]
+        t.upsert(part, rng.standard_normal((part.shape[0], dim), dtype=np.float32))
+    batch = keys[: min(4096, keys.shape[0])]
+    pulled = t.pull(batch)
+    t.push(pulled, np.ones((batch.shape[0], dim), np.float32))
+
+
+def bf16_rowwise_arrays(rows: int, dim: int) -> dict[str, Any]:
+    from evdb.kernels import backend
+
+    cpu = backend("cpu")
+    rng = np.random.default_rng(SEED)
+    _round_chunks(cpu, np.zeros((16, dim), np.uint16), rng, dim)  # compile before measuring
+    before = _settle()
+    values = np.empty((rows, dim), np.uint16)
+    _round_chunks(cpu, values, rng, dim)
+    acc = np.zeros((rows, 1), np.float32)
+    acc[:] = 0.1  # touched, as a table's slots are
+    return {"bytes": _settle() - before}
+
+
+def _round_chunks(cpu: Any, values: np.ndarray, rng: np.random.Generator, dim: int) -> None:
+    for start in range(0, values.shape[0], CHUNK):
+        stop = min(start + CHUNK, values.shape[0])
+        x = rng.standard_normal((stop - start, dim), dtype=np.float32)
+        rows = np.arange(start, stop, dtype=np.int64)
+        cpu.round_rows(x, rows, rows, SEED, 0, True, values)
+
+
+def serving_arrays(rows: int, dim: int, dtype: str) -> dict[str, Any]:
+    from evdb.hashindex import index_bytes
+    from evdb.kernels import backend
+    from evdb.kernels.reference.lowp import quantized_row_bytes
+
+    cpu = backend("cpu")
+    rng = np.random.default_rng(SEED)
+    bits = {"int8": 8, "int4": 4}.get(dtype)
+    width = quantized_row_bytes(dim, bits, align=16) if bits else dim
+    store = {"float32": np.float32, "float16": np.float16}.get(dtype, np.uint8)
+
+    def build(n: int) -> tuple[np.ndarray, np.ndarray]:
+        slots = np.zeros((index_bytes(n) // 16, 2), np.int64)
+        slots[:, 1] = -1
+        keys = random_keys(rng, n)
+        cpu.hash_insert(slots, keys, np.arange(n, dtype=np.int64))
+        out = np.empty((n, width), store)
+        for start in range(0, n, CHUNK):
+            stop = min(start + CHUNK, n)
+            x = rng.standard_normal((stop - start, dim), dtype=np.float32)
+            if bits:
+                cpu.quantize_rows(x, bits, out[start:stop])
+            else:
+                out[start:stop] = x
+        return slots, out
+
+    build(1000)  # compile before measuring
+    before = _settle()
+    kept = build(rows)
+    grown = _settle() - before
+    return {"bytes": grown, "row_bytes": int(kept[1].strides[0]), "index": int(kept[0].nbytes)}
+
+
+MEASURES: dict[str, Callable[[int, int], dict[str, Any]]] = {
+    "torch_adagrad": torch_adagrad,
+    "evdb_adagrad": lambda r, d: evdb_table(r, d, "adagrad"),
+    "evdb_rowwise": lambda r, d: evdb_table(r, d, "rowwise"),
+    "bf16_rowwise_arrays": bf16_rowwise_arrays,
+    **{
+        f"serve_{t}": (lambda r, d, t=t: serving_arrays(r, d, t))
+        for t in ("float32", "float16", "int8", "int4")
+    },
+}
+
+
+def measure(name: str, rows: int, dim: int) -> dict[str, Any]:
+    """Run one measurement in a fresh process; its JSON result."""
+    cmd = [sys.executable, __file__, "--one", name, "--rows", str(rows), "--dim", str(dim)]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800)
+    log(f"{name}: {time.perf_counter() - t0:.0f}s")
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--one", choices=sorted(MEASURES), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(MEASURES[args.one](args.rows, args.dim)))
+        return
+    import torch
+
+    rows, dim = args.rows, args.dim
+    print(f"bench_memory: RSS growth per row, {rows:,} rows, dim {dim}, one process each")
+    print(cpu_line())
+    print(versions_line(torch.__version__))
+    got = {name: measure(name, rows, dim) for name in MEASURES}
+    per_row = {name: r["bytes"] / rows for name, r in got.items()}
+    torch_b = per_row["torch_adagrad"]
+    rowwise_overhead = per_row["evdb_rowwise"] - 4 * dim  # all but its float32 values
+    projected = rowwise_overhead + 2 * dim
+    table = [
+        ("torch fp32 + Adagrad", "measured table", torch_b),
+        ("evdb fp32 + Adagrad", "measured table", per_row["evdb_adagrad"]),
+        ("evdb fp32 + row-wise Adagrad", "measured table", per_row["evdb_rowwise"]),
+        ("bf16 values + row-wise acc", "measured arrays", per_row["bf16_rowwise_arrays"]),
+        ("evdb bf16 + row-wise Adagrad", "projected table", projected),
+    ]
+    for t in ("float32", "float16", "int8", "int4"):
+        r = got[f"serve_{t}"]
+        what = f"serving {t} ({r['row_bytes']} B rows + index)"
+        table.append((what, "measured arrays", per_row[f"serve_{t}"]))
+    print_table(
+        ["rows of", "figure", "bytes/row", "/ torch"],
+        [[a, b, f"{c:.0f}", f"{c / torch_b:.2f}x"] for a, b, c in table],
+        first_left=2,
+    )
+    index_row = got["serve_int8"]["index"] / rows
+    print(
+        f"index of the serving arrays: {index_row:.1f} B/row (16 B slots at load <= 0.7); "
+        f"evdb row-wise table, all but its values: {rowwise_overhead:.0f} B/row"
+    )
+
+
+if __name__ == "__main__":
+    main()
