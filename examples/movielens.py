@@ -27,7 +27,11 @@ publications cost, and (with the serve extra) checks that a follower of the root
 exactly the trained rows. Last (with the serve extra installed, unless ``--no-serve``), it
 starts ``evdb serve`` on the snapshot, asks it for held-out items' embeddings over HTTP,
 checks them against the snapshot read directly, prints the curl line that asks the same, and
-stops the server (``make serve`` keeps one running).
+stops the server (``make serve`` keeps one running). ``--tensorboard DIR`` logs the loss,
+the held-out AUC and, every ``LOG_EVERY`` steps, each table's figures (``evdb.torch_metrics
+.StatsLogger``: rows per tier, the keys each tier answered and their share, admissions,
+evictions, expirations, under ``/metrics``' names) to TensorBoard (``pip install
+tensorboard``; without it the flag is a usage error saying so).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from torch import nn
 import evdb
 from evdb import distributed as evd
 from evdb.torch import EmbeddingBagCollection
+from evdb.torch_metrics import StatsLogger
 
 DIM = 16
 CACHE = Path.home() / ".cache" / "evdb" / "ml-100k.inter"
@@ -178,6 +183,22 @@ def score(model: DeepFM, users: np.ndarray, items: np.ndarray, batch: int) -> np
 
 
 # -- main -----------------------------------------------------------------------------------
+LOG_EVERY = 20  # steps between two TensorBoard logs of the tables' figures
+
+
+def _summary_writer(parser: argparse.ArgumentParser, logdir: Path) -> Any:
+    """A TensorBoard SummaryWriter on logdir; tensorboard is optional: without it, a usage
+    error that says how to get it (nothing else needs it)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        parser.error(
+            "--tensorboard needs the tensorboard package, which is not installed: "
+            "pip install tensorboard (or run without --tensorboard)"
+        )
+    return SummaryWriter(str(logdir))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="where the database, checkpoint and export go")
@@ -195,7 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--publish-every", type=int, default=100, help="steps between publications (0: none)"
     )
+    parser.add_argument(
+        "--tensorboard",
+        type=Path,
+        metavar="DIR",
+        help="log the loss and each table's figures (rows per tier, hit rates, admissions, "
+        "evictions, expirations: /metrics' names) to TensorBoard event files in DIR",
+    )
     args = parser.parse_args(argv)
+    writer = None if args.tensorboard is None else _summary_writer(parser, args.tensorboard)
     torch.manual_seed(args.seed)
     rank, world = _rank_and_world()
     if world > 1 and args.out is None:
@@ -230,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     test_u, test_i, test_y = users[split:], items[split:], labels[split:]
     publish_root = args.publish_root or out / "publish"  # sharded: one root, the shards merged
     published: list[dict[str, Any]] = []
+    # sharded tables' stats are collective: every rank logs, rank 0 writes
+    metrics = StatsLogger(writer if rank == 0 else None, [db.table(n) for n in db.tables()])
     for epoch in range(1, args.epochs + 1):
         order = rng.permutation(split)
         losses, t0 = [], time.perf_counter()
@@ -252,8 +283,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.publish_every and step % args.publish_every == 0:
                 published.append(db.publish(publish_root))  # a server following it sees this
             losses.append(float(loss.detach()) * world)
+            if writer is not None and step % LOG_EVERY == 0:
+                metrics.log(step)
+                if rank == 0:
+                    writer.add_scalar("train/loss", losses[-1], step)
         rate = split / (time.perf_counter() - t0)
         held_out = auc(test_y, score(model, test_u, test_i, 4096))
+        if writer is not None and rank == 0:
+            writer.add_scalar("eval/auc", held_out, int(db.step))
         tiers = db.table("item").stats()["tiers"]
         item_rows = len(db.table("item"))
         if rank == 0:
@@ -264,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"promoted {tiers['dram']['promotions']:,}, written back "
                 f"{tiers['dram']['written_back']:,})" + (f" on {world} ranks" if world > 1 else "")
             )
+    if writer is not None:
+        writer.close()
+        if rank == 0:
+            print(f"TensorBoard: tensorboard --logdir {args.tensorboard}")
     if published:
         published.append(db.publish(publish_root))  # the final state (collective when sharded)
         ids = {"user": np.unique(test_u), "item": np.unique(test_i)}
