@@ -295,6 +295,19 @@ def test_export_then_verify(db: Path, tmp_path: Path) -> None:
     assert "nope" in fails(4, "export", db, tmp_path / "o2", "--format", "npz", "--table", "nope")
 
 
+def test_info_of_a_serving_export_shows_no_optimizer_or_ttl(db: Path, tmp_path: Path) -> None:
+    """A serving export's tables are values only: info says so, and shows no optimizer, TTL
+    or l2 column (it showed 'sgd' and '-', which were not the trained tables')."""
+    ok_json("export", db, tmp_path / "snap", "--format", "serving")
+    done = evdb_cli("info", tmp_path / "snap")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1] == "kind    serving export (values only: no optimizer state, TTL or admission)"
+    header = next(line for line in lines if line.startswith("table "))
+    assert header.split() == ["table", "dim", "key_type", "rows", "on_disk", "disk_bytes"]
+    assert "optimizer" in evdb_cli("info", db).stdout  # a database still shows its config
+
+
 def test_import_then_info(tmp_path: Path) -> None:
     src, path = tmp_path / "vectors.npz", tmp_path / "db"
     np.savez(src, keys=np.arange(10, dtype=np.int64), values=np.ones((10, 3), np.float32))

@@ -43,6 +43,9 @@ def cmd_info(path: Path, as_json: bool) -> None:
         return
     ckpt = result["checkpoint"]
     kind = "database" if ckpt is None else f"{ckpt['kind']} checkpoint"
+    serving = ckpt is not None and ckpt["kind"] == "export-serving"
+    if serving:  # its tables' optimizer, TTL and admission are not the trained table's
+        kind = "serving export (values only: no optimizer state, TTL or admission)"
     pairs: list[tuple[str, Any]] = [("path", result["path"]), ("kind", kind)]
     if ckpt is not None and "base" in ckpt:
         pairs.append(("base", ckpt["base"]))
@@ -55,14 +58,16 @@ def cmd_info(path: Path, as_json: bool) -> None:
         rows = [[n, t["rows"], t["changed_rows"]] for n, t in result["tables"].items()]
         print_table(["table", "rows", "changed_rows"], rows)
         return
-    header = ["table", "dim", "key_type", "rows", "on_disk", "disk_bytes", "ttl_steps"]
-    header += ["l2_threshold", "optimizer"]
+    header = ["table", "dim", "key_type", "rows", "on_disk", "disk_bytes"]
+    if not serving:
+        header += ["ttl_steps", "l2_threshold", "optimizer"]
     rows = []
     for name, t in result["tables"].items():
         disk = t["stats"]["tiers"].get("rocksdb", {})
         cfg = t["config"]
         rows.append([name, t["dim"], t["key_type"], t["rows"], disk.get("rows"), disk.get("bytes")])
-        rows[-1] += [cfg["ttl_steps"], cfg["l2_threshold"], cfg["optimizer"]["kind"]]
+        if not serving:
+            rows[-1] += [cfg["ttl_steps"], cfg["l2_threshold"], cfg["optimizer"]["kind"]]
     print_table(header, rows)
     counted = [
         (name, op, counts)
