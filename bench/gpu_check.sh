@@ -3,8 +3,12 @@
 #   1. find a Python with cupy (installing cupy-cuda<major>x, the driver's CUDA major, if
 #      missing) and evdb's own dependencies (from wheels in .whl/ when there is no network);
 #   2. pytest tests/gpu tests/kernels (the GPU parity suite, then the CPU one as a control);
-#   3. bench/bench_gpu.py: hash find / find_or_insert / insert_or_assign throughput against a
-#      cupy take gather, a device copy and HierarchicalKV's published A100 figures.
+#   3. the table suite with its HBM tier on device 0 (EVDB_REAL_CUPY=1: the device=0 tests
+#      that CI runs on the cupy stand-in, here on the GPU);
+#   4. bench/bench_gpu.py: hash find / find_or_insert / insert_or_assign throughput against a
+#      cupy take gather, a device copy and HierarchicalKV's published A100 figures;
+#   5. bench/bench_gpu_train.py: a training step with the hot rows in HBM against
+#      torch.nn.EmbeddingBag(sparse=True) on CUDA (skipped without CUDA torch).
 # Each stage runs under `timeout`; logs go to the directory given as the first argument.
 # Without a GPU it prints "no GPU: skipped" and exits 0.
 #
@@ -75,15 +79,29 @@ fi
 
 # -- 2. tests ----------------------------------------------------------------------------------
 status=0
-timeout 300 "$PY" -m pytest tests/gpu tests/kernels -q -p no:cacheprovider 2>&1 | tee "$LOG/pytest.log" || status=1
+timeout 240 "$PY" -m pytest tests/gpu tests/kernels -q -p no:cacheprovider --ignore=tests/gpu/test_table_on_device.py 2>&1 | tee "$LOG/pytest.log" || status=1
 echo "tests: exit $status after $((SECONDS - START)) s"
 
-# -- 3. benchmark ------------------------------------------------------------------------------
-left=$((470 - (SECONDS - START)))  # 8 minutes in all, less a margin for the shell's own work
+# -- 3. the table suite on device 0 ------------------------------------------------------------
+EVDB_REAL_CUPY=1 timeout 90 "$PY" -m pytest -q -p no:cacheprovider -k "not cpu" \
+    tests/tiers/test_table_with_hbm.py tests/tiers/test_hbm_device.py tests/gpu/test_table_on_device.py \
+    2>&1 | tee "$LOG/pytest_device0.log" || status=1
+echo "device=0 suite: exit $status after $((SECONDS - START)) s"
+
+# -- 4. benchmark ------------------------------------------------------------------------------
+left=$((470 - 75 - (SECONDS - START)))  # 8 minutes in all, less the training step and a margin
 if [ "$left" -lt 30 ]; then
     echo "benchmark skipped: $left s left of the 8 minutes" | tee "$LOG/bench_gpu.log"
     exit 1
 fi
 timeout "$left" "$PY" bench/bench_gpu.py 2>&1 | tee "$LOG/bench_gpu.log" || status=1
+
+# -- 5. a training step with the hot rows in HBM -------------------------------------------------
+left=$((470 - (SECONDS - START)))
+if [ "$left" -lt 20 ]; then
+    echo "training step skipped: $left s left of the 8 minutes" | tee "$LOG/bench_gpu_train.log"
+    exit 1
+fi
+timeout "$left" "$PY" bench/bench_gpu_train.py 2>&1 | tee "$LOG/bench_gpu_train.log" || status=1
 echo "done: exit $status after $((SECONDS - START)) s"
 exit $status

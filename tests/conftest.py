@@ -71,11 +71,26 @@ def db(tmp_path: Path) -> Iterator[evdb.Database]:
         yield database
 
 
+REAL_CUPY = os.environ.get("EVDB_REAL_CUPY") == "1"  # bench/gpu_check.sh, on a lent GPU
+
+
 @pytest.fixture
 def standin_cupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """The CPU stand-in installed as ``cupy`` (tests/cuda_cpu): ``backend("gpu")`` then runs
-    the CUDA sources on the CPU; one device, its state and counters fresh; undone after."""
+    the CUDA sources on the CPU; one device, its state and counters fresh; undone after.
+    With ``EVDB_REAL_CUPY=1`` it is the real cupy instead (skipped where none works), so the
+    same device=0 tests run on a GPU; tests of the stand-in's own controls then skip."""
     from evdb.kernels.gpu import runtime
+
+    runtime._module.cache_clear()  # compiled modules are memoised by device id
+    runtime._function.cache_clear()
+    if REAL_CUPY:
+        try:
+            real = runtime.cupy_module()
+        except evdb.ConfigError as exc:
+            pytest.skip(f"EVDB_REAL_CUPY=1 but {exc}")
+        yield real
+        return
     from tests.cuda_cpu import cupy_standin
     from tests.cuda_cpu.cupy_standin import _state
 
@@ -83,8 +98,6 @@ def standin_cupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     monkeypatch.setitem(sys.modules, "cupy", cupy_standin)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cupy_standin.cuda)
     monkeypatch.setitem(sys.modules, "cupy.cuda.runtime", cupy_standin.cuda.runtime)
-    runtime._module.cache_clear()  # compiled modules are memoised by device id
-    runtime._function.cache_clear()
     yield cupy_standin
     runtime._module.cache_clear()
     runtime._function.cache_clear()

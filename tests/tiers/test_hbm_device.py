@@ -2,9 +2,10 @@
 contract with cupy columns, the size check against the device's free memory, the device
 count, device placement, and transfers batched through a reused pinned buffer.
 
-The contract runs twice: on ``backend("gpu")`` (the CUDA sources, built and run on the CPU
-by ``tests.cuda_cpu.rawmodule``; skipped until that exists) and on the cpu kernels behind
-device arrays (``tests.cuda_cpu.adapter``: the tier's cupy path at numba's speed)."""
+The kernels are ``backend("gpu")``'s, the CUDA sources built and run on the CPU by
+``tests.cuda_cpu.rawmodule`` (on a GPU with ``EVDB_REAL_CUPY=1``; tests of the stand-in's
+controls then skip); ``EVDB_DEVICE_KERNELS=cuda,numba`` adds a run on the cpu kernels behind
+the device arrays (``tests.cuda_cpu.adapter``)."""
 
 from __future__ import annotations
 
@@ -17,20 +18,16 @@ from evdb.errors import ConfigError
 from evdb.tiers.base import CacheTier
 from evdb.tiers.hbm import DeviceCache, device_bytes, hbm_tier
 from tests.cuda_cpu.cupy_standin._state import STATE
+from tests.cuda_cpu.device_kernels import KERNEL_SETS, require_standin, use_kernels
 
 from .cache_contract import CacheContract, Factory
 from .contract import DIM, SLOTS, records
 
 
-@pytest.fixture(params=["numba", "cuda"])
+@pytest.fixture(params=KERNEL_SETS)
 def on_standin(request: pytest.FixtureRequest, standin_cupy, monkeypatch: pytest.MonkeyPatch):
-    """The stand-in as cupy, with the tier's kernels: the adapter's or the CUDA sources."""
-    if request.param == "numba":
-        from tests.cuda_cpu.adapter import numba_kernels
-
-        monkeypatch.setattr("evdb.tiers.hbm.device_kernels", numba_kernels)
-    else:
-        pytest.importorskip("tests.cuda_cpu.rawmodule", reason="CPU executor not there yet")
+    """cupy (the stand-in, or EVDB_REAL_CUPY=1's), with the tier's kernels (KERNEL_SETS)."""
+    use_kernels(request.param, standin_cupy, monkeypatch)
     return standin_cupy
 
 
@@ -52,6 +49,7 @@ class TestDeviceHbmTier(CacheContract):
 
 def test_columns_and_index_live_on_the_device_and_stats_say_which(on_standin) -> None:
     cp = on_standin
+    require_standin(cp)
     cp.cuda.runtime.set_device_count(2)
     tier = device_tier(device=1)
     tier.put(np.arange(5, dtype=np.int64), records(5))
@@ -65,6 +63,7 @@ def test_columns_and_index_live_on_the_device_and_stats_say_which(on_standin) ->
 
 def test_a_promotion_is_a_few_copies_through_one_reused_pinned_buffer(on_standin) -> None:
     cp = on_standin
+    require_standin(cp)
     tier = device_tier()
     tier.put(np.arange(10, dtype=np.int64), records(10))
     allocations = STATE.pinned_allocations
@@ -84,6 +83,7 @@ def test_a_promotion_is_a_few_copies_through_one_reused_pinned_buffer(on_standin
 
 def test_a_tier_bigger_than_the_free_memory_is_refused_with_both_numbers(on_standin) -> None:
     cp = on_standin
+    require_standin(cp)
     need = device_bytes(DIM, SLOTS, 1000)
     cp.cuda.runtime.set_mem_info(need - 1, 10 * need)
     with pytest.raises(ConfigError, match=rf"needs {need} bytes.* {need - 1} bytes free \(of "):
@@ -101,6 +101,7 @@ def test_device_bytes_count_every_column_and_the_index() -> None:
 def test_a_device_that_is_not_there_is_refused_and_the_database_keeps_nothing(
     standin_cupy, tmp_path
 ) -> None:
+    require_standin(standin_cupy)
     with evdb.open(tmp_path / "db") as db:
         with pytest.raises(ConfigError, match=r"device=1: .*cupy sees 1 CUDA device"):
             db.create_table("t", dim=DIM, hbm_rows=8, device=1)
@@ -117,6 +118,7 @@ def test_a_device_table_reopens_only_where_the_device_is(on_standin, tmp_path) -
         assert t.stats()["tiers"]["hbm"]["device"] == "cuda:0"
     with evdb.open(tmp_path / "db") as db:
         assert len(db.table("t")) == 20
+    require_standin(on_standin)
     on_standin.cuda.runtime.set_device_count(0)
     with pytest.raises(ConfigError, match="no CUDA device"):
         evdb.open(tmp_path / "db")

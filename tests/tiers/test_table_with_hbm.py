@@ -8,9 +8,10 @@ The table tests run on each ``hbm_device`` (``HBM_DEVICES``):
 * ``0-cuda``: device 0 on the cupy stand-in (tests/cuda_cpu): cupy arrays, pinned staging,
   the mixing checks, and ``backend("gpu")``, the real CUDA sources built and run on the CPU
   (``tests.cuda_cpu.rawmodule``);
-* ``0-numba``: device 0 on the stand-in with the cpu kernels behind the device arrays
-  (``tests.cuda_cpu.adapter``): the tier's whole cupy path at numba's speed, where running
-  every kernel launch as OS threads would be too slow.
+* ``0-numba`` (only with ``EVDB_DEVICE_KERNELS=cuda,numba``): device 0 on the stand-in with
+  the cpu kernels behind the device arrays (``tests.cuda_cpu.adapter``).
+
+With ``EVDB_REAL_CUPY=1`` (bench/gpu_check.sh) ``0-cuda`` runs on a real GPU.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import pytest
 import evdb
 from evdb.config import HbmConfig, TableConfig
 from evdb.io.export import export
+from tests.cuda_cpu.device_kernels import KERNEL_SETS, use_kernels
 
 DIM = 4
 HBM, DRAM = 8, 24
-HBM_DEVICES = ["cpu", "0-numba", "0-cuda"]
+HBM_DEVICES = ["cpu", *(f"0-{k}" for k in KERNEL_SETS)]
 _DEVICE: dict[str, str | int] = {
     "hbm": "cpu"
 }  # the device make() puts the HBM tier on (hbm_device)
@@ -38,13 +40,8 @@ def hbm_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     if request.param == "cpu":
         device: str | int = "cpu"
     else:
-        request.getfixturevalue("standin_cupy")
-        if request.param == "0-numba":
-            from tests.cuda_cpu.adapter import numba_kernels
-
-            monkeypatch.setattr("evdb.tiers.hbm.device_kernels", numba_kernels)
-        else:
-            pytest.importorskip("tests.cuda_cpu.rawmodule", reason="CPU executor not there yet")
+        cupy = request.getfixturevalue("standin_cupy")
+        use_kernels(request.param.removeprefix("0-"), cupy, monkeypatch)
         device = 0
     monkeypatch.setitem(_DEVICE, "hbm", device)
     return device
