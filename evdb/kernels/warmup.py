@@ -29,7 +29,18 @@ from typing import Any
 __all__ = ["Compiled", "WarmUp", "cache_dir", "compile_kernel", "kernel_names", "warm_up"]
 
 # The modules that define kernels (helpers such as _common and libm are inlined into them)
-MODULES = ("bags", "evict", "index", "init", "lowp", "lowp_optim", "merge", "optim", "stamp")
+MODULES = (
+    "bags",
+    "evict",
+    "index",
+    "init",
+    "lowp",
+    "lowp_gather",
+    "lowp_optim",
+    "merge",
+    "optim",
+    "stamp",
+)
 
 
 @dataclass(frozen=True)

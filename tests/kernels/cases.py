@@ -666,6 +666,65 @@ def probe_gather_combine_dequantized(
     return int(missing), out
 
 
+def half_table(rng: np.random.Generator, n: int, dim: int, fmt: str) -> np.ndarray:
+    """(n, dim) random rows stored in fmt (float16, or bfloat16 as uint16 bits)."""
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    if fmt == "float16":
+        return x.astype(np.float16)
+    return (x.view(np.uint32) >> 16).astype(np.uint16)
+
+
+@case("probe_gather_widened", fmt=sorted(HALF), n_probe=[0, 1, 999, 40_000])
+def probe_gather_widened(k: Any, rng: np.random.Generator, fmt: str, n_probe: int) -> Results:
+    dim = 9
+    keys = random_keys(rng, 400)
+    values = half_table(rng, keys.shape[0], dim, fmt)
+    values.view(np.uint16)[0, 0] = 0x7FC1 if fmt == "bfloat16" else 0x7E01  # a NaN's payload
+    last_step = rng.integers(0, 10, keys.shape[0]).astype(np.int64)
+    pool = np.concatenate([keys, random_keys(rng, 300)])
+    probe = pool[rng.integers(0, pool.shape[0], n_probe)]
+    slots = empty_index(1024)
+    k.hash_insert(slots, keys, np.arange(keys.shape[0], dtype=np.int64))
+    out = np.full((n_probe, dim), 7.0, np.float32)
+    out_rows = np.empty(n_probe, np.int64)
+    missing = k.probe_gather_widened(slots, values, last_step, probe, 5, out, out_rows)
+    if n_probe > 100:
+        assert 0 < missing < n_probe
+    return int(missing), out.view(np.uint32), out_rows
+
+
+@case(
+    "probe_gather_combine_widened",
+    rtol=RTOL,
+    atol=ATOL,
+    fmt=sorted(HALF),
+    combiner=[0, 1, 2],
+    max_norm=[INF, 0.5],
+    n_bags=[300, 12_000],
+)
+def probe_gather_combine_widened(
+    k: Any, rng: np.random.Generator, fmt: str, combiner: int, max_norm: float, n_bags: int
+) -> Results:
+    dim = 9
+    stored = random_keys(rng, 500)
+    values = half_table(rng, stored.shape[0], dim, fmt)
+    last_step = rng.integers(0, 10, stored.shape[0]).astype(np.int64)
+    bounds = random_bags(rng, n_bags, 6)
+    pool = np.concatenate([stored, random_keys(rng, 100)])
+    keys = pool[rng.integers(0, pool.shape[0], int(bounds[-1]))]
+    weights = weights_for(rng, bounds, True)
+    slots = empty_index(2048)
+    k.hash_insert(slots, stored, np.arange(stored.shape[0], dtype=np.int64))
+    out = np.full((bounds.shape[0] - 1, dim), np.nan, np.float32)
+    missing = k.probe_gather_combine_widened(
+        slots, values, last_step, keys, bounds, weights, 4, combiner, max_norm,
+        3, np.uint64(3), -0.25, 0.5, out,
+    )  # fmt: skip
+    assert missing > 0
+    assert (out[np.diff(bounds) == 0] == 0).all()
+    return int(missing), out
+
+
 def _nearly_all_bits_equal(got: Results, want: Results) -> None:
     # The float32 sums differ in their last bit now and then between backends; a stochastic
     # rounding of two such values may then land one half-precision ulp apart. Rarely.

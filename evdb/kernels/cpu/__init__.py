@@ -25,13 +25,12 @@ from evdb.kernels.cpu.index import (
     unique_rows,
 )
 from evdb.kernels.cpu.init import fill_normal, fill_uniform
-from evdb.kernels.cpu.lowp import (
-    dequantize_rows,
+from evdb.kernels.cpu.lowp import dequantize_rows, quantize_rows, round_rows, widen_rows
+from evdb.kernels.cpu.lowp_gather import (
     probe_gather_combine_dequantized,
+    probe_gather_combine_widened,
     probe_gather_dequantized,
-    quantize_rows,
-    round_rows,
-    widen_rows,
+    probe_gather_widened,
 )
 from evdb.kernels.cpu.lowp_optim import segment_sum_apply_lowp
 from evdb.kernels.cpu.merge import merge_newest
@@ -55,7 +54,9 @@ __all__ = [
     "probe_gather",
     "probe_gather_combine",
     "probe_gather_combine_dequantized",
+    "probe_gather_combine_widened",
     "probe_gather_dequantized",
+    "probe_gather_widened",
     "quantize_rows",
     "round_rows",
     "segment_sum_apply",

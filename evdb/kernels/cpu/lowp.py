@@ -1,6 +1,7 @@
 """Numba low-precision rows: bfloat16 / float16 rounding (to nearest even or stochastic),
-widening, row-wise int8 / int4 quantisation and the dequantising serving gathers (see
-``reference.lowp`` for the formats, the random bits and the quantisation rule).
+widening, row-wise int8 / int4 quantisation and dequantisation (see ``reference.lowp`` for the
+formats, the random bits and the quantisation rule). The fused probes over such rows are in
+``cpu.lowp_gather``, the fused update in ``cpu.lowp_optim``.
 
 Half-precision slabs enter the kernels as ``uint16`` bit patterns whatever their format (the
 wrappers view a float16 array as uint16 and pass ``fmt``: 0 bfloat16, 1 float16), and float32
@@ -17,10 +18,8 @@ from numba import prange, types
 
 from evdb.errors import InvalidArgumentError
 from evdb.kernels.cpu._common import (
-    F4,
     F4_2D,
     I8,
-    I8_2D,
     PARALLEL_MIN_KEYS,
     b1,
     f4,
@@ -30,9 +29,6 @@ from evdb.kernels.cpu._common import (
     mix64,
     u8,
 )
-from evdb.kernels.cpu.bags import _clip_scale, _divisor
-from evdb.kernels.cpu.index import probe_range
-from evdb.kernels.cpu.init import default_row
 from evdb.kernels.reference.lowp import (
     FLOAT16_MAX,
     ROUND_SALT,
@@ -41,14 +37,7 @@ from evdb.kernels.reference.lowp import (
     quantized_row_bytes,
 )
 
-__all__ = [
-    "dequantize_rows",
-    "probe_gather_combine_dequantized",
-    "probe_gather_dequantized",
-    "quantize_rows",
-    "round_rows",
-    "widen_rows",
-]
+__all__ = ["dequantize_rows", "quantize_rows", "round_rows", "widen_rows"]
 
 u2, u4 = types.uint16, types.uint32
 U1_2D = types.Array(types.uint8, 2, "C")
@@ -350,144 +339,3 @@ def dequantize_rows(q, bits, rows, out) -> None:  # type: ignore[no-untyped-def]
     check_bits(bits)
     big = rows.shape[0] >= PARALLEL_MIN_KEYS
     (_dequantize_rows_parallel if big else _dequantize_rows_serial)(q, bits, rows, out)
-
-
-_PGD_SIG = i8(I8_2D, U1_2D, i8, I8, I8, i8, F4_2D, I8)
-
-
-@lazy_njit(i8(i8, I8_2D, U1_2D, i8, I8, I8, i8, F4_2D, I8), inline="always")
-def _pgd_chunk(c, slots, q, bits, last_step, keys, min_live_step, out, out_rows):  # type: ignore[no-untyped-def]
-    lo = c * GATHER_CHUNK
-    hi = min(lo + GATHER_CHUNK, keys.shape[0])
-    probe_range(slots, q, last_step, keys, lo, hi, min_live_step, out_rows[lo:hi])
-    missing = 0
-    for i in range(lo, hi):
-        if out_rows[i] >= 0:
-            dequantize_row(q, out_rows[i], bits, out, i)
-        else:
-            missing += 1
-    return missing
-
-
-@lazy_njit(_PGD_SIG)
-def _probe_gather_dequantized_serial(slots, q, bits, last_step, keys, min_live_step, out, rows):  # type: ignore[no-untyped-def]
-    missing = 0
-    for c in range((keys.shape[0] + GATHER_CHUNK - 1) // GATHER_CHUNK):
-        missing += _pgd_chunk(c, slots, q, bits, last_step, keys, min_live_step, out, rows)
-    return missing
-
-
-@lazy_njit(_PGD_SIG, parallel=True)
-def _probe_gather_dequantized_parallel(slots, q, bits, last_step, keys, min_live_step, out, rows):  # type: ignore[no-untyped-def]
-    missing = 0
-    for c in prange((keys.shape[0] + GATHER_CHUNK - 1) // GATHER_CHUNK):
-        missing += _pgd_chunk(c, slots, q, bits, last_step, keys, min_live_step, out, rows)
-    return missing
-
-
-def probe_gather_dequantized(slots, q, bits, last_step, keys, min_live_step, out, out_rows) -> int:  # type: ignore[no-untyped-def]
-    """probe_gather over quantised rows (see reference.lowp.probe_gather_dequantized)."""
-    check_bits(bits)
-    big = keys.shape[0] >= PARALLEL_MIN_KEYS
-    kernel = _probe_gather_dequantized_parallel if big else _probe_gather_dequantized_serial
-    return int(kernel(slots, q, bits, last_step, keys, min_live_step, out, out_rows))
-
-
-_PGCD_ARGS = (I8_2D, U1_2D, i8, I8, I8, I8, F4, i8, i8, f8, i8, u8, f8, f8, F4_2D)
-
-
-@lazy_njit(i8(i8, *_PGCD_ARGS), inline="always")
-def _pgcd_chunk(  # type: ignore[no-untyped-def]
-    c, slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner, max_norm,
-    init_kind, init_seed, init_a, init_b, out,
-):  # fmt: skip
-    # cpu.bags._pgc_chunk with each row dequantised into a one-row scratch as it is read: no
-    # (n, dim) matrix and no float32 copy of the table
-    n_bags = bounds.shape[0] - 1
-    dim = out.shape[1]
-    b0 = c * BAG_CHUNK
-    b1_ = min(b0 + BAG_CHUNK, n_bags)
-    lo, hi = bounds[b0], bounds[b1_]
-    rows = np.empty(hi - lo, np.int64)
-    probe_range(slots, q, last_step, keys, lo, hi, min_live_step, rows)
-    scratch = np.empty((1, dim), np.float32)
-    missing = 0
-    for b in range(b0, b1_):
-        for j in range(dim):
-            out[b, j] = 0.0
-        div = _divisor(weights, bounds, b, combiner)
-        for p in range(bounds[b], bounds[b + 1]):
-            r = rows[p - lo]
-            if r < 0:
-                missing += 1
-            if div == 0.0:
-                continue
-            if r < 0:
-                default_row(init_kind, init_seed, init_a, init_b, np.uint64(keys[p]), scratch, 0)
-            else:
-                dequantize_row(q, r, bits, scratch, 0)
-            scale = np.float32(_clip_scale(scratch, 0, max_norm) * weights[p] / div)
-            for j in range(dim):
-                out[b, j] += scale * scratch[0, j]
-    return missing
-
-
-@lazy_njit(i8(*_PGCD_ARGS))
-def _probe_gather_combine_dequantized_serial(  # type: ignore[no-untyped-def]
-    slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner, max_norm,
-    init_kind, init_seed, init_a, init_b, out,
-):  # fmt: skip
-    missing = 0
-    for c in range((bounds.shape[0] - 1 + BAG_CHUNK - 1) // BAG_CHUNK):
-        missing += _pgcd_chunk(
-            c, slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner,
-            max_norm, init_kind, init_seed, init_a, init_b, out,
-        )  # fmt: skip
-    return missing
-
-
-@lazy_njit(i8(*_PGCD_ARGS), parallel=True)
-def _probe_gather_combine_dequantized_parallel(  # type: ignore[no-untyped-def]
-    slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner, max_norm,
-    init_kind, init_seed, init_a, init_b, out,
-):  # fmt: skip
-    missing = 0
-    for c in prange((bounds.shape[0] - 1 + BAG_CHUNK - 1) // BAG_CHUNK):
-        missing += _pgcd_chunk(
-            c, slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner,
-            max_norm, init_kind, init_seed, init_a, init_b, out,
-        )  # fmt: skip
-    return missing
-
-
-def probe_gather_combine_dequantized(  # type: ignore[no-untyped-def]
-    slots, q, bits, last_step, keys, bounds, weights, min_live_step, combiner, max_norm,
-    init_kind, init_seed, init_a, init_b, out,
-) -> int:  # fmt: skip
-    """Fused probe + dequantise + combine (see reference.lowp.probe_gather_combine_dequantized)."""
-    check_bits(bits)
-    big = keys.shape[0] >= PARALLEL_MIN_KEYS
-    kernel = (
-        _probe_gather_combine_dequantized_parallel
-        if big
-        else _probe_gather_combine_dequantized_serial
-    )
-    return int(
-        kernel(
-            slots,
-            q,
-            bits,
-            last_step,
-            keys,
-            bounds,
-            weights,
-            min_live_step,
-            combiner,
-            max_norm,
-            init_kind,
-            np.uint64(init_seed),
-            init_a,
-            init_b,
-            out,
-        )
-    )

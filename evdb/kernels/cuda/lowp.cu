@@ -20,7 +20,8 @@
 //
 // Threads and races: round_rows, widen_rows and dequantize_rows one thread per element;
 // quantize_rows one thread per row; the probes one thread per key (gather) or per bag
-// (combine, which accumulates in float32 as cpu/lowp.py does); segment_sum_apply_lowp one
+// (combine, which accumulates in float32 as cpu/lowp_gather.py does), over quantised or
+// half-precision rows; segment_sum_apply_lowp one
 // thread per distinct row with its float64 gradient and row in dynamic shared memory (2 * dim
 // doubles a thread; gpu/lowp.py sizes the block). Rows are distinct within a call (rows of
 // round_rows and of the update are a batch's distinct rows), so no two threads write one
@@ -210,6 +211,21 @@ __device__ __forceinline__ i64 evdb_live_row(const i64* slots, i64 cap, const i6
     return r;
 }
 
+// Rows a lookup reads: quantised (fmt = bits, 8 or 4: q, stride) or half precision (fmt 0
+// bfloat16, 1 float16: half, dim columns).
+struct EvdbLowpRows {
+    const u8* q;
+    i64 stride;
+    const u16* half;
+    int fmt;
+    i64 dim;
+};
+
+__device__ __forceinline__ float evdb_lowp_x(const EvdbLowpRows& s, i64 r, i64 j) {
+    if (s.fmt >= 4) return evdb_dequantized(s.q + r * s.stride, s.fmt, j);
+    return (float)evdb_half_value(s.half[r * s.dim + j], s.fmt);
+}
+
 extern "C" __global__ void probe_gather_dequantized(
     const i64* __restrict__ slots, i64 cap, const u8* __restrict__ q, i64 stride, int bits,
     const i64* __restrict__ last_step, const i64* __restrict__ keys, i64 n, i64 dim,
@@ -226,27 +242,42 @@ extern "C" __global__ void probe_gather_dequantized(
     for (i64 j = 0; j < dim; ++j) out[i * dim + j] = evdb_dequantized(q + r * stride, bits, j);
 }
 
-// Column j of the vector at position p: its live row r dequantised, or its key's default.
-__device__ __forceinline__ float evdb_position_x(const u8* q, i64 stride, int bits, i64 r,
-                                                 i64 key, i64 j, int init_kind, u64 init_seed,
-                                                 double init_a, double init_b) {
-    if (r >= 0) return evdb_dequantized(q + r * stride, bits, j);
+// Widened rows go out as float32 bits (out_bits), so NaN payloads survive as in numpy.
+extern "C" __global__ void probe_gather_widened(
+    const i64* __restrict__ slots, i64 cap, const u16* __restrict__ half, int fmt,
+    const i64* __restrict__ last_step, const i64* __restrict__ keys, i64 n, i64 dim,
+    i64 min_live_step, u32* __restrict__ out_bits, i64* __restrict__ out_rows,
+    u64* __restrict__ missing) {
+    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    i64 r = evdb_live_row(slots, cap, last_step, keys[i], min_live_step);
+    out_rows[i] = r;
+    if (r < 0) {
+        atomicAdd(missing, 1ULL);
+        return;
+    }
+    for (i64 j = 0; j < dim; ++j) out_bits[i * dim + j] = evdb_widen_bits(half[r * dim + j], fmt);
+}
+
+// Column j of the vector at position p: its live row r converted, or its key's default.
+__device__ __forceinline__ float evdb_position_x(const EvdbLowpRows& s, i64 r, i64 key, i64 j,
+                                                 int init_kind, u64 init_seed, double init_a,
+                                                 double init_b) {
+    if (r >= 0) return evdb_lowp_x(s, r, j);
     return evdb_default_element(init_kind, init_seed, init_a, init_b, (u64)key, j);
 }
 
-extern "C" __global__ void probe_gather_combine_dequantized(
-    const i64* __restrict__ slots, i64 cap, const u8* __restrict__ q, i64 stride, int bits,
-    const i64* __restrict__ last_step, const i64* __restrict__ keys,
-    const i64* __restrict__ bounds, const float* __restrict__ weights, i64 n_bags, i64 dim,
-    i64 min_live_step, int combiner, double max_norm, int init_kind, u64 init_seed,
-    double init_a, double init_b, float* __restrict__ out, u64* __restrict__ missing) {
-    i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= n_bags) return;
-    i64 lo = bounds[b], hi = bounds[b + 1];
+// Bag b of a fused probe + convert + combine; returns its positions without a live row.
+__device__ __forceinline__ u64 evdb_lowp_combine_bag(
+    const EvdbLowpRows& s, const i64* slots, i64 cap, const i64* last_step, const i64* keys,
+    const i64* bounds, const float* weights, i64 b, i64 min_live_step, int combiner,
+    double max_norm, int init_kind, u64 init_seed, double init_a, double init_b, float* out) {
+    i64 lo = bounds[b], hi = bounds[b + 1], dim = s.dim;
     double div = 1.0;
     if (combiner != 0) {
         div = 0.0;
-        for (i64 p = lo; p < hi; ++p) div += combiner == 1 ? weights[p] : (double)weights[p] * weights[p];
+        for (i64 p = lo; p < hi; ++p)
+            div += combiner == 1 ? (double)weights[p] : (double)weights[p] * weights[p];
         if (combiner == 2) div = sqrt(div);
     }
     float* o = out + b * dim;
@@ -260,8 +291,7 @@ extern "C" __global__ void probe_gather_combine_dequantized(
         if (!evdb_is_inf(max_norm)) {
             double sq = 0.0;
             for (i64 j = 0; j < dim; ++j) {
-                double x = evdb_position_x(q, stride, bits, r, keys[p], j, init_kind, init_seed,
-                                           init_a, init_b);
+                double x = evdb_position_x(s, r, keys[p], j, init_kind, init_seed, init_a, init_b);
                 sq += x * x;
             }
             double norm = sqrt(sq);
@@ -269,9 +299,38 @@ extern "C" __global__ void probe_gather_combine_dequantized(
         }
         float scale = (float)(clip * (double)weights[p] / div);
         for (i64 j = 0; j < dim; ++j)
-            o[j] += scale * evdb_position_x(q, stride, bits, r, keys[p], j, init_kind, init_seed,
-                                            init_a, init_b);
+            o[j] += scale * evdb_position_x(s, r, keys[p], j, init_kind, init_seed, init_a, init_b);
     }
+    return mine;
+}
+
+extern "C" __global__ void probe_gather_combine_dequantized(
+    const i64* __restrict__ slots, i64 cap, const u8* __restrict__ q, i64 stride, int bits,
+    const i64* __restrict__ last_step, const i64* __restrict__ keys,
+    const i64* __restrict__ bounds, const float* __restrict__ weights, i64 n_bags, i64 dim,
+    i64 min_live_step, int combiner, double max_norm, int init_kind, u64 init_seed,
+    double init_a, double init_b, float* __restrict__ out, u64* __restrict__ missing) {
+    i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n_bags) return;
+    EvdbLowpRows s = {q, stride, 0, bits, dim};
+    u64 mine = evdb_lowp_combine_bag(s, slots, cap, last_step, keys, bounds, weights, b,
+                                     min_live_step, combiner, max_norm, init_kind, init_seed,
+                                     init_a, init_b, out);
+    if (mine) atomicAdd(missing, mine);
+}
+
+extern "C" __global__ void probe_gather_combine_widened(
+    const i64* __restrict__ slots, i64 cap, const u16* __restrict__ half, int fmt,
+    const i64* __restrict__ last_step, const i64* __restrict__ keys,
+    const i64* __restrict__ bounds, const float* __restrict__ weights, i64 n_bags, i64 dim,
+    i64 min_live_step, int combiner, double max_norm, int init_kind, u64 init_seed,
+    double init_a, double init_b, float* __restrict__ out, u64* __restrict__ missing) {
+    i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n_bags) return;
+    EvdbLowpRows s = {0, 0, half, fmt, dim};
+    u64 mine = evdb_lowp_combine_bag(s, slots, cap, last_step, keys, bounds, weights, b,
+                                     min_live_step, combiner, max_norm, init_kind, init_seed,
+                                     init_a, init_b, out);
     if (mine) atomicAdd(missing, mine);
 }
 

@@ -32,7 +32,9 @@ from evdb.kernels.reference.lowp_optim import check_lowp_kind
 __all__ = [
     "dequantize_rows",
     "probe_gather_combine_dequantized",
+    "probe_gather_combine_widened",
     "probe_gather_dequantized",
+    "probe_gather_widened",
     "quantize_rows",
     "round_rows",
     "segment_sum_apply_lowp",
@@ -130,6 +132,47 @@ def probe_gather_dequantized(
     return int(missing.get()[0]) if n else 0
 
 
+def probe_gather_widened(
+    slots: Any,
+    values: Any,
+    last_step: Any,
+    keys: Any,
+    min_live_step: int,
+    out: Any,
+    out_rows: Any,
+) -> int:
+    """probe_gather over half-precision rows (see reference.lowp.probe_gather_widened)."""
+    cp = cupy_module()
+    half, fmt = _half("values", values)
+    slots, cap = check_slots(slots)
+    check_array("last_step", last_step, np.int64, 1)
+    n = check_array("keys", keys, np.int64, 1).shape[0]
+    dim = check_array("out", out, np.float32, 2).shape[1]
+    check_array("out_rows", out_rows, np.int64, 1)
+    missing = cp.zeros(1, np.uint64)
+    args = (slots, cap, half, fmt, last_step, keys, i64(n), i64(dim), i64(min_live_step))
+    tail = (out.view(np.uint32), out_rows, missing)
+    launch(cuda_kernel("lowp", "probe_gather_widened"), n, (*args, *tail))
+    return int(missing.get()[0]) if n else 0
+
+
+def _combine_args(
+    slots: Any, last_step: Any, keys: Any, bounds: Any, weights: Any, combiner: int, out: Any
+) -> tuple[Any, np.int64, int, int]:
+    """(slots, cap, n_bags, dim) after checking a fused combine's common arguments."""
+    slots, cap = check_slots(slots)
+    check_array("last_step", last_step, np.int64, 1)
+    check_array("keys", keys, np.int64, 1)
+    n_bags = check_array("bounds", bounds, np.int64, 1).shape[0] - 1
+    check_array("weights", weights, np.float32, 1)
+    dim = check_array("out", out, np.float32, 2).shape[1]
+    if combiner not in (0, 1, 2):
+        raise InvalidArgumentError(
+            f"combiner: expected 0 (sum), 1 (mean) or 2 (sqrtn), got {combiner}"
+        )
+    return slots, cap, int(n_bags), int(dim)
+
+
 def probe_gather_combine_dequantized(
     slots: Any,
     q: Any,
@@ -150,17 +193,8 @@ def probe_gather_combine_dequantized(
     """Fused probe + dequantise + combine (see reference.lowp.probe_gather_combine_dequantized)."""
     cp = cupy_module()
     check_bits(bits)
-    slots, cap = check_slots(slots)
     check_array("q", q, np.uint8, 2)
-    check_array("last_step", last_step, np.int64, 1)
-    check_array("keys", keys, np.int64, 1)
-    n_bags = check_array("bounds", bounds, np.int64, 1).shape[0] - 1
-    check_array("weights", weights, np.float32, 1)
-    dim = check_array("out", out, np.float32, 2).shape[1]
-    if combiner not in (0, 1, 2):
-        raise InvalidArgumentError(
-            f"combiner: expected 0 (sum), 1 (mean) or 2 (sqrtn), got {combiner}"
-        )
+    slots, cap, n_bags, dim = _combine_args(slots, last_step, keys, bounds, weights, combiner, out)
     if n_bags <= 0:
         return 0
     missing = cp.zeros(1, np.uint64)
@@ -168,6 +202,37 @@ def probe_gather_combine_dequantized(
     scalars = (i64(n_bags), i64(dim), i64(min_live_step), i32(combiner), f64(max_norm))
     init = (i32(init_kind), u64(init_seed), f64(init_a), f64(init_b))
     kernel = cuda_kernel("lowp", "probe_gather_combine_dequantized")
+    launch(kernel, n_bags, (*args, *scalars, *init, out, missing))
+    return int(missing.get()[0])
+
+
+def probe_gather_combine_widened(
+    slots: Any,
+    values: Any,
+    last_step: Any,
+    keys: Any,
+    bounds: Any,
+    weights: Any,
+    min_live_step: int,
+    combiner: int,
+    max_norm: float,
+    init_kind: int,
+    init_seed: int,
+    init_a: float,
+    init_b: float,
+    out: Any,
+) -> int:
+    """Fused probe + widen + combine (see reference.lowp.probe_gather_combine_widened)."""
+    cp = cupy_module()
+    half, fmt = _half("values", values)
+    slots, cap, n_bags, dim = _combine_args(slots, last_step, keys, bounds, weights, combiner, out)
+    if n_bags <= 0:
+        return 0
+    missing = cp.zeros(1, np.uint64)
+    args = (slots, cap, half, fmt, last_step, keys, bounds, weights)
+    scalars = (i64(n_bags), i64(dim), i64(min_live_step), i32(combiner), f64(max_norm))
+    init = (i32(init_kind), u64(init_seed), f64(init_a), f64(init_b))
+    kernel = cuda_kernel("lowp", "probe_gather_combine_widened")
     launch(kernel, n_bags, (*args, *scalars, *init, out, missing))
     return int(missing.get()[0])
 

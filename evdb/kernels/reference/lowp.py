@@ -51,7 +51,9 @@ __all__ = [
     "STORAGE_DTYPES",
     "dequantize_rows",
     "probe_gather_combine_dequantized",
+    "probe_gather_combine_widened",
     "probe_gather_dequantized",
+    "probe_gather_widened",
     "quantize_rows",
     "quantized_row_bytes",
     "round_rows",
@@ -304,10 +306,65 @@ def probe_gather_dequantized(
     row of each key (untouched for the others), out_rows its row or -1; returns the number of
     keys without a live row."""
     check_bits(bits)
-    stub = np.empty((q.shape[0], 0), np.float32)  # the probe only; rows are dequantised below
-    missing = probe_gather(slots, stub, last_step, keys, min_live_step, out[:, :0], out_rows)
+    missing = _probe(slots, q.shape[0], last_step, keys, min_live_step, out_rows)
     dequantize_rows(q, bits, out_rows, out)
     return missing
+
+
+def _probe(slots, n_rows, last_step, keys, min_live_step, out_rows) -> int:  # type: ignore[no-untyped-def]
+    stub = np.empty((n_rows, 0), np.float32)  # probe_gather's probe and TTL rule, no gather
+    none = np.empty((keys.shape[0], 0), np.float32)
+    return probe_gather(slots, stub, last_step, keys, min_live_step, none, out_rows)
+
+
+def probe_gather_widened(
+    slots: np.ndarray,
+    values: np.ndarray,
+    last_step: np.ndarray,
+    keys: np.ndarray,
+    min_live_step: int,
+    out: np.ndarray,
+    out_rows: np.ndarray,
+) -> int:
+    """``probe_gather`` over half-precision rows (values (R, dim) uint16 bfloat16 bits or
+    float16): out (n, dim) float32 gets the widened live row of each key."""
+    half_format("values", values)
+    missing = _probe(slots, values.shape[0], last_step, keys, min_live_step, out_rows)
+    widen_rows(values, out_rows, out)
+    return missing
+
+
+def probe_gather_combine_widened(
+    slots: np.ndarray,
+    values: np.ndarray,
+    last_step: np.ndarray,
+    keys: np.ndarray,
+    bounds: np.ndarray,
+    weights: np.ndarray,
+    min_live_step: int,
+    combiner: int,
+    max_norm: float,
+    init_kind: int,
+    init_seed: int,
+    init_a: float,
+    init_b: float,
+    out: np.ndarray,
+) -> int:
+    """``probe_gather_combine`` over half-precision rows, each widened as it is read."""
+    n, dim = keys.shape[0], out.shape[1]
+    x = np.empty((n, dim), np.float32)
+    rows = np.empty(n, np.int64)
+    missing = probe_gather_widened(slots, values, last_step, keys, min_live_step, x, rows)
+    _combine_with_defaults(x, rows, keys, bounds, weights, combiner, max_norm, out,
+                           (init_kind, init_seed, init_a, init_b))  # fmt: skip
+    return missing
+
+
+def _combine_with_defaults(x, rows, keys, bounds, weights, combiner, max_norm, out, init) -> None:  # type: ignore[no-untyped-def]
+    absent = rows < 0
+    x[absent] = default_rows(keys[absent], x.shape[1], *init)
+    n = keys.shape[0]
+    gather_combine(x, np.arange(n, dtype=np.int64), bounds, weights, combiner, max_norm, out)
 
 
 def probe_gather_combine_dequantized(
@@ -334,7 +391,6 @@ def probe_gather_combine_dequantized(
     x = np.empty((n, dim), np.float32)
     rows = np.empty(n, np.int64)
     missing = probe_gather_dequantized(slots, q, bits, last_step, keys, min_live_step, x, rows)
-    absent = rows < 0
-    x[absent] = default_rows(keys[absent], dim, init_kind, init_seed, init_a, init_b)
-    gather_combine(x, np.arange(n, dtype=np.int64), bounds, weights, combiner, max_norm, out)
+    _combine_with_defaults(x, rows, keys, bounds, weights, combiner, max_norm, out,
+                           (init_kind, init_seed, init_a, init_b))  # fmt: skip
     return missing
