@@ -18,7 +18,7 @@ from evdb.distributed.table import ShardedTable
 from evdb.pulled import Pulled
 from evdb.table import Table
 
-__all__ = ["AnyTable", "embed", "embed_grouped"]
+__all__ = ["AnyTable", "embed", "embed_grouped", "on_device_of"]
 
 AnyTable = Table | ShardedTable  # what the modules take: a table, or a sharded one
 
@@ -96,6 +96,19 @@ def embed(
         out = torch.from_numpy(table.lookup(keys, offsets, w, mode, max_norm))
     if torch.is_autocast_enabled("cpu"):
         out = out.to(torch.get_autocast_dtype("cpu"))
+    return out
+
+
+def on_device_of(out: torch.Tensor, like: Any) -> torch.Tensor:
+    """out on the device of ``like`` (a module's input): a CUDA batch gets CUDA embeddings.
+
+    One copy of the combined bags (B, dim), not of the rows: the table answers in host
+    arrays (an HBM tier's rows cross its boundary through pinned staging), so the bags are
+    combined on the host and moved once; autograd carries their gradient back through the
+    copy to the push. A str table's keys (not a tensor) leave out where it is.
+    """
+    if isinstance(like, torch.Tensor) and like.device != out.device:
+        return out.to(like.device)
     return out
 
 
