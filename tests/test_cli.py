@@ -295,6 +295,24 @@ def test_export_then_verify(db: Path, tmp_path: Path) -> None:
     assert "nope" in fails(4, "export", db, tmp_path / "o2", "--format", "npz", "--table", "nope")
 
 
+def test_import_into_a_file_or_a_sharded_root_is_one_line_saying_what_it_is(
+    tmp_path: Path,
+) -> None:
+    src = tmp_path / "v.npz"
+    np.savez(src, keys=np.arange(2), values=np.ones((2, 3), np.float32))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    line = fails(2, "import", src, a_file, "--table", "t", "--format", "npz")
+    assert f"PATH: {a_file} is a file; evdb.open takes the directory of a database" in line
+    root = tmp_path / "root"  # a sharded root: its layout file is what says so
+    root.mkdir()
+    (root / "sharding.json").write_text('{"format": 1, "world_size": 2, "tables": {}}')
+    line = fails(2, "import", src, root, "--table", "t", "--format", "npz")
+    assert f"PATH: {root} is a sharded database or checkpoint" in line
+    assert "evdb.distributed.open(path) on every rank" in line and "--shards 1" in line
+    assert a_file.read_text() == "x" and sorted(p.name for p in root.iterdir()) == ["sharding.json"]
+
+
 def test_info_of_a_serving_export_shows_no_optimizer_or_ttl(db: Path, tmp_path: Path) -> None:
     """A serving export's tables are values only: info says so, and shows no optimizer, TTL
     or l2 column (it showed 'sgd' and '-', which were not the trained tables')."""
