@@ -122,3 +122,33 @@ def test_a_device_table_reopens_only_where_the_device_is(on_standin, tmp_path) -
     on_standin.cuda.runtime.set_device_count(0)
     with pytest.raises(ConfigError, match="no CUDA device"):
         evdb.open(tmp_path / "db")
+
+
+def test_a_missing_transfer_fails_instead_of_passing_silently(on_standin) -> None:
+    require_standin(on_standin)
+    tier = device_tier()
+    tier._dev = lambda a: a  # host arrays straight into the device columns and kernels
+    with pytest.raises(TypeError, match=r"cupy array|numpy"):
+        tier.put(np.arange(3, dtype=np.int64), records(3))
+    tier = device_tier()
+    tier.put(np.arange(3, dtype=np.int64), records(3))
+    tier._host = lambda a: a  # device arrays handed to the table as if they were host ones
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(tier.locate(np.arange(3, dtype=np.int64)))
+
+
+def test_the_device_index_grows_by_moving_a_part_per_call(
+    on_standin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("evdb.hashindex.MOVE_SLOTS", 256)  # spread moves at CPU sizes
+    tier = device_tier(capacity_rows=10)  # sized for 10 keys: it has to grow
+    keys = np.random.default_rng(5).permutation(4000).astype(np.int64) * 13 - 7000
+    moved_while_growing = False
+    for start in range(0, 4000, 400):
+        tier.put(keys[start : start + 400], records(400, seed=start))
+        moved_while_growing |= tier.index_moving
+        np.testing.assert_array_equal(tier.locate(keys[: start + 400]) >= 0, True)
+    assert moved_while_growing and len(tier) == 4000
+    gone = keys[::3]
+    assert tier.remove(gone).all() and len(tier) == 4000 - gone.shape[0]
+    assert (tier.locate(gone) == -1).all() and (tier.locate(keys[1::3]) >= 0).all()
