@@ -115,7 +115,7 @@ __forceinline__ unsigned __ballot_sync_impl(unsigned mask, int pred, const void*
                                            32, site);
 }
 #define __ballot_sync(mask, pred) __ballot_sync_impl((unsigned)(mask), (pred) ? 1 : 0, EVDB_CUDA_CPU_HERE)
-#define __syncthreads() evdb_cuda_cpu_syncthreads(EVDB_CUDA_CPU_HERE)
+#define __syncthreads() evdb_cuda_cpu::evdb_cuda_cpu_syncthreads(EVDB_CUDA_CPU_HERE)
 
 // ---- bit and conversion intrinsics --------------------------------------------------------
 __forceinline__ int __popc(unsigned x) { return __builtin_popcount(x); }
