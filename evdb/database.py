@@ -250,14 +250,20 @@ class Database:
             self.storage.open()  # the working copy again, from the flush above
             self._tables = {}
             self._load()
+            self._keep_objects(live)
             raise
+        self._keep_objects(live)
+        self._publisher = None  # its memory of the last publication is of the replaced state
+        self.flush()
+
+    def _keep_objects(self, live: dict[str, Table]) -> None:
+        """Each table just loaded moves into the object of its name in live (its state,
+        whole), so whoever holds that object goes on with the loaded table."""
         for name, table in self._tables.items():
-            if name in live:  # the old object takes the restored table's state, whole
+            if name in live:
                 vars(live[name]).clear()
                 vars(live[name]).update(vars(table))
                 self._tables[name] = live[name]
-        self._publisher = None  # its memory of the last publication is of the replaced state
-        self.flush()
 
     @exclusive
     def publish(

@@ -205,3 +205,32 @@ def test_two_gloo_ranks_save_and_load_a_sharded_job_bit_equal(tmp_path: Path) ->
         assert first == second, rank
         assert rows_first == rows_second, rank
     assert results[0][0] == results[1][0]  # every rank sees the same global loss
+
+
+def test_a_failed_restore_comes_back_to_the_state_it_began_with(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from evdb import checkpoint_restore
+
+    db = evdb.open(tmp_path / "db")
+    make_tables(db)
+    item = db.table("item")
+    item.upsert([1], np.ones((1, DIM), np.float32))
+    db.checkpoint(tmp_path / "ckpt")
+    item.upsert([2], np.full((1, DIM), 2.0, np.float32))  # not flushed: the restore flushes it
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(checkpoint_restore, "materialize", broken)
+    with pytest.raises(OSError, match="disk gone"):
+        db.restore_in_place(tmp_path / "ckpt")
+    assert db.table("item") is item and sorted(k for k, _ in rows_of(item)) == [1, 2]
+    item.upsert([3], np.ones((1, DIM), np.float32))  # the same object writes on
+    monkeypatch.undo()
+    damaged = tmp_path / "ckpt" / "MANIFEST.json"
+    damaged.write_text(damaged.read_text().replace('"step"', '"stpe"'))
+    with pytest.raises(evdb.CorruptDataError):  # verified before anything changes
+        db.restore_in_place(tmp_path / "ckpt")
+    assert sorted(k for k, _ in rows_of(item)) == [1, 2, 3]
+    db.close()
