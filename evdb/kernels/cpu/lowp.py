@@ -62,10 +62,16 @@ def step_salt(seed, step):  # type: ignore[no-untyped-def]
     return mix64((seed ^ np.uint64(ROUND_SALT)) + np.uint64(step) * GOLDEN)
 
 
-@lazy_njit(u8(u8, i8, i8), inline="always")
-def column_bits(salt, key, c):  # type: ignore[no-untyped-def]
-    """The random bits of (key, column c) under a step's salt."""
-    return mix64(mix64(np.uint64(key) ^ salt) + np.uint64(c + 1) * GOLDEN)
+@lazy_njit(u8(u8, i8), inline="always")
+def row_base(salt, key):  # type: ignore[no-untyped-def]
+    """mix64(key ^ salt): the part of the random bits shared by a row's columns."""
+    return mix64(np.uint64(key) ^ salt)
+
+
+@lazy_njit(u8(u8, i8), inline="always")
+def column_bits(base, c):  # type: ignore[no-untyped-def]
+    """The random bits of column c of the row whose base is ``base``."""
+    return mix64(base + np.uint64(c + 1) * GOLDEN)
 
 
 @lazy_njit(u2(u4, u8, b1), inline="always")
@@ -170,8 +176,9 @@ def _round_chunk(c, values, vbits, rows, keys, seed, step, stochastic, fmt, out)
         r = rows[i]
         if r < 0:
             continue
+        base = row_base(salt, keys[i])
         for j in range(values.shape[1]):
-            bits = column_bits(salt, keys[i], j) if stochastic else np.uint64(0)
+            bits = column_bits(base, j) if stochastic else np.uint64(0)
             out[r, j] = narrow_bits(values[i, j], vbits[i, j], bits, stochastic, fmt)
 
 

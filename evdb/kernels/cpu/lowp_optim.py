@@ -8,7 +8,14 @@ import numpy as np
 from numba import prange, types
 
 from evdb.kernels.cpu._common import F4_2D, F8, I8, PARALLEL_MIN_KEYS, b1, i8, lazy_njit, u8
-from evdb.kernels.cpu.lowp import U2_2D, column_bits, narrow_bits, step_salt, widen_bits
+from evdb.kernels.cpu.lowp import (
+    U2_2D,
+    column_bits,
+    narrow_bits,
+    row_base,
+    step_salt,
+    widen_bits,
+)
 from evdb.kernels.reference.lowp import half_format
 from evdb.kernels.reference.lowp_optim import check_lowp_kind
 
@@ -86,8 +93,9 @@ def _apply_lowp_chunk(  # type: ignore[no-untyped-def]
                 w[j] *= shrink
         for j in range(dim):
             row32[j] = np.float32(w[j])
+        base = row_base(salt, keys[u])
         for j in range(dim):
-            rb = column_bits(salt, keys[u], j) if stochastic else np.uint64(0)
+            rb = column_bits(base, j) if stochastic else np.uint64(0)
             values[r, j] = narrow_bits(row32[j], bits[j], rb, stochastic, fmt)
 
 

@@ -40,8 +40,12 @@ __device__ __forceinline__ u64 evdb_step_salt(u64 seed, i64 step) {
     return evdb_mix64((seed ^ EVDB_ROUND_SALT) + (u64)step * EVDB_GAMMA);
 }
 
-__device__ __forceinline__ u64 evdb_column_bits(u64 salt, i64 key, i64 c) {
-    return evdb_mix64(evdb_mix64((u64)key ^ salt) + (u64)(c + 1) * EVDB_GAMMA);
+__device__ __forceinline__ u64 evdb_row_base(u64 salt, i64 key) {
+    return evdb_mix64((u64)key ^ salt);
+}
+
+__device__ __forceinline__ u64 evdb_column_bits(u64 base, i64 c) {
+    return evdb_mix64(base + (u64)(c + 1) * EVDB_GAMMA);
 }
 
 // Bits of the magnitude a (finite, >= 0, a float32's value) in a format of m mantissa bits
@@ -128,7 +132,8 @@ extern "C" __global__ void round_rows(const float* __restrict__ values,
     if (t >= n * dim) return;
     i64 i = t / dim, j = t % dim, r = rows[i];
     if (r < 0) return;
-    u64 bits = stochastic ? evdb_column_bits(evdb_step_salt(seed, step), keys[i], j) : 0ULL;
+    u64 bits = 0ULL;
+    if (stochastic) bits = evdb_column_bits(evdb_row_base(evdb_step_salt(seed, step), keys[i]), j);
     out[r * dim + j] = evdb_narrow(values[t], vbits[t], bits, stochastic != 0, fmt);
 }
 
@@ -393,14 +398,14 @@ extern "C" __global__ void segment_sum_apply_lowp(
         double shrink = norm > 0.0 ? fmax(0.0, 1.0 - lr * lasso / norm) : 0.0;
         for (i64 c = 0; c < dim; ++c) w[c] *= shrink;
     }
-    u64 salt = evdb_step_salt(seed, step);
+    u64 base = evdb_row_base(evdb_step_salt(seed, step), keys[t]);
     for (i64 c = 0; c < dim; ++c) {
         float x = (float)w[c];
         // x is no NaN here unless the update made one: its bits matter only for NaN payloads
         double a = fabs((double)x);
         u32 sign = (x < 0.0f || (x == 0.0f && 1.0f / x < 0.0f)) ? 0x80000000u : 0u;
         u32 xb = x != x ? 0x7FC00000u : (a > 3.4028234663852886e38 ? sign | 0x7F800000u : sign);
-        u64 bits = stochastic ? evdb_column_bits(salt, keys[t], c) : 0ULL;
+        u64 bits = stochastic ? evdb_column_bits(base, c) : 0ULL;
         v[c] = evdb_narrow(x, xb, bits, stochastic != 0, fmt);
     }
 }
