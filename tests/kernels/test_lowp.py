@@ -226,3 +226,26 @@ def test_bad_storage_dtypes_are_refused_naming_the_choices(k) -> None:
         assert not out.any()
         with pytest.raises(InvalidTypeError, match=r"src: expected uint16 \(bfloat16 bits\) or"):
             k.widen_rows(out, rows, np.zeros((2, 3), np.float32))
+
+
+LOWP_VARIANTS = [
+    ("lowp", "round_rows"),
+    ("lowp", "widen_rows"),
+    ("lowp", "dequantize_rows"),
+    ("lowp_gather", "probe_gather_lowp"),
+    ("lowp_gather", "probe_gather_combine_lowp"),
+    ("lowp_optim", "segment_sum_apply_lowp"),
+]
+
+
+@pytest.mark.parametrize("module,name", LOWP_VARIANTS)
+def test_serial_and_parallel_variants_are_distinct_functions(module: str, name: str) -> None:
+    # As tests/kernels/test_parity.py checks for the other kernels: numba's on-disk cache keys
+    # entries by function name and first line, so two dispatchers over one function share one.
+    import importlib
+
+    mod = importlib.import_module(f"evdb.kernels.cpu.{module}")
+    serial, parallel = getattr(mod, f"_{name}_serial"), getattr(mod, f"_{name}_parallel")
+    a, b = serial.py_func.__code__, parallel.py_func.__code__
+    assert (a.co_name, a.co_firstlineno) != (b.co_name, b.co_firstlineno)
+    assert parallel.targetoptions.get("parallel") and not serial.targetoptions.get("parallel")
