@@ -249,3 +249,24 @@ def test_serial_and_parallel_variants_are_distinct_functions(module: str, name: 
     a, b = serial.py_func.__code__, parallel.py_func.__code__
     assert (a.co_name, a.co_firstlineno) != (b.co_name, b.co_firstlineno)
     assert parallel.targetoptions.get("parallel") and not serial.targetoptions.get("parallel")
+
+
+@pytest.mark.parametrize(
+    "fmt,x,want",
+    [
+        ("bfloat16", 1 + 2**-8, 1.0),  # a tie: to the even neighbour, down
+        ("bfloat16", 1 + 3 * 2**-8, 1 + 2**-6),  # a tie: to the even neighbour, up
+        ("bfloat16", -(1 + 2**-7 + 2**-9), -(1 + 2**-7)),  # below half an ulp, magnitude down
+        ("bfloat16", 2**-133, 2**-133),  # the smallest bfloat16 subnormal, exactly
+        ("float16", 65519.99, 65504.0),  # the largest finite float16
+        ("float16", 65520.0, np.inf),  # a tie past it: infinity, as IEEE rounds
+        ("float16", 2**-25, 0.0),  # half the smallest subnormal: a tie, to zero (even)
+        ("float16", 3 * 2**-25, 2**-23),  # a tie between 1 and 2 ulps: to 2
+        ("float16", -(2**-14) * (1 - 2**-11), -(2**-14)),  # subnormal rounding up to normal
+    ],
+)
+def test_round_to_nearest_by_hand(k, fmt: str, x: float, want: float) -> None:
+    out = np.zeros((1, 1), HALF[fmt])
+    one = np.zeros(1, np.int64)
+    k.round_rows(np.array([[x]], np.float32), one, one, 0, 0, False, out)
+    assert widen(out)[0, 0] == np.float32(want)
