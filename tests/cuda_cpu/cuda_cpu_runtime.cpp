@@ -11,6 +11,7 @@
 // Errors unwind the CUDA threads by exception and fail the launch with a message.
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -91,11 +92,13 @@ struct Warp {
     std::mutex mu;
     std::condition_variable cv;
     unsigned present = 0;  // lanes that exist in this block
+    int sleepers = 0;      // lanes blocked on cv (arrivals notify only when there are some)
     Lane lanes[32];
     OpRecord records[32];
 
     void reset(unsigned lanes_present) {
         present = lanes_present;
+        sleepers = 0;
         for (Lane& l : lanes) l = Lane();
         for (OpRecord& r : records) r.open = false;
     }
@@ -217,9 +220,9 @@ extern "C" unsigned long long evdb_cuda_cpu_warp_op(int kind, unsigned mask,
              kind_name(rec.kind) + " (" + site_name(rec.site) + ", width " +
              std::to_string(rec.width) + ")");
     rec.values[lane] = value;
-    rec.arrived |= bit;
+    __atomic_fetch_or(&rec.arrived, bit, __ATOMIC_RELEASE);  // read unlocked by spinners
     me.waiting = idx;
-    if (rec.arrived == mask) w.cv.notify_all();
+    if (rec.arrived == mask && w.sleepers) w.cv.notify_all();
     auto deadline = Clock::now() + std::chrono::duration<double>(g_timeout_s);
     while (rec.arrived != mask) {
         if (g_abort.load()) throw LaunchAbort();
@@ -241,7 +244,16 @@ extern "C" unsigned long long evdb_cuda_cpu_warp_op(int kind, unsigned mask,
         if (Clock::now() > deadline)
             fail("timeout: " + where + " waited " + std::to_string(g_timeout_s) +
                  " s for lanes " + hex(mask & ~rec.arrived));
+        // Yield a little first: the lanes still missing are usually runnable, and a futex
+        // sleep and wake cost far more than letting them run.
+        lock.unlock();
+        for (int k = 0; k < 32 && __atomic_load_n(&rec.arrived, __ATOMIC_ACQUIRE) != mask; ++k)
+            sched_yield();
+        lock.lock();
+        if (rec.arrived == mask) break;
+        ++w.sleepers;
         w.cv.wait_for(lock, kPoll);
+        --w.sleepers;
     }
     unsigned long long result = 0;
     if (kind == BALLOT) {
