@@ -191,8 +191,8 @@ def round_rows(
     """Store float32 rows in a half-precision slab: ``out[rows[i]] = round(values[i])`` for
     each i with ``rows[i] >= 0``, others skipped.
 
-    values (n, dim) float32; rows, keys (n,) int64 (the key of each row draws its bits);
-    out (R, dim) uint16 (bfloat16 bits) or float16. ``stochastic`` False rounds to nearest
+    values (n, dim) float32; rows, keys (n,) int64 (the key of each row draws its bits; the
+    rows >= 0 distinct, as a batch's are); out (R, dim) uint16 (bfloat16 bits) or float16. ``stochastic`` False rounds to nearest
     even and ignores seed, keys and step.
     """
     fmt = half_format("out", out)
