@@ -201,9 +201,10 @@ def test_restore_in_place_refuses_itself_and_a_non_checkpoint(tmp_path: Path) ->
 
 def test_two_gloo_ranks_save_and_load_a_sharded_job_bit_equal(tmp_path: Path) -> None:
     results = run_ranks(dcp_workers.save_train_load_train, 2, tmp_path, timeout=240)
-    for rank, (first, second, rows_first, rows_second) in enumerate(results):
+    for rank, (first, second, rows_first, rows_second, refused) in enumerate(results):
         assert first == second, rank
         assert rows_first == rows_second, rank
+        assert "restore in place needs the same tables and placements" in refused, rank
     assert results[0][0] == results[1][0]  # every rank sees the same global loss
 
 

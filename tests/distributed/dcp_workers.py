@@ -13,6 +13,7 @@ import torch
 import evdb
 from evdb import distributed as evd
 from evdb import torch_checkpoint as etc
+from evdb.errors import ShardLayoutError
 from evdb.torch import EmbeddingBagCollection
 
 DIM, VOCAB, BATCH = 4, 40, 8
@@ -81,5 +82,11 @@ def save_train_load_train(rank: int, world: int, out: Path) -> Any:
     assert db.step == 3
     second = train(range(3, 7))
     rows_second = {n: _rows(db.table(n)) for n in db.tables()}
+    db.create_table("extra", 2)  # the checkpoint's tables are no longer this database's
+    try:
+        db.restore_in_place(ckpt / "evdb")
+        refused = ""
+    except ShardLayoutError as e:
+        refused = str(e)
     db.close()
-    return [first, second, rows_first, rows_second]
+    return [first, second, rows_first, rows_second, refused]
