@@ -368,6 +368,9 @@ void* worker_main(void* arg) {
 Pool* g_pool = new Pool();  // replaced (the old one leaked) if its threads ever hang
 std::mutex g_launch_mu;
 
+// A forked child has none of the pool's threads: it starts a pool of its own.
+const int g_atfork = pthread_atfork(nullptr, nullptr, [] { g_pool = new Pool(); });
+
 bool grow(Pool* pool, unsigned n) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);

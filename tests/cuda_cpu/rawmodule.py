@@ -36,6 +36,8 @@ Limits of the model, which only a device can lift:
   compiles with ``-ffp-contract=off`` (no FMA), so ``__dadd_rn``/``__dmul_rn`` are exact.
 * A kernel that spins forever outside any warp op (say on a slot no thread will publish)
   fails the launch after about three timeouts, and its threads stay behind, leaked.
+* No memcheck: an access out of bounds corrupts or crashes the test process, as it would
+  corrupt device memory (``compute-sanitizer`` on a device finds those).
 * Threads cost OS context switches: keep launches to thousands of threads, not millions.
 """
 
@@ -48,6 +50,7 @@ import re
 import subprocess
 import tempfile
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +114,7 @@ _QUALIFIERS = re.compile(r"\b(const|volatile|__restrict__|__restrict)\b")
 _build_lock = threading.Lock()
 _launch_lock = threading.Lock()
 _runtime: ctypes.CDLL | None = None
+LAUNCHES: Counter[str] = Counter()  # launches per kernel name in this process
 
 
 @dataclass(frozen=True)
@@ -387,5 +391,6 @@ class RawKernel:
                 err,
                 len(err),
             )
+        LAUNCHES[self.name] += 1
         if rc != 0:
             raise RuntimeError(f"{self.name}: {err.value.decode(errors='replace')}")

@@ -10,6 +10,9 @@ must catch it: so a green parity run on the executor means something.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -217,6 +220,30 @@ def test_warp_misuse_fails_the_launch_instead_of_hanging(
     ok = Dev(np.zeros(32, np.uint32))
     probes.get_function("ballot")((1,), (32,), (Dev(np.ones(32, np.int32)), ok))
     assert ok._storage[0] == 32
+
+
+def test_a_forked_child_launches_on_a_pool_of_its_own(probes: RawModule) -> None:
+    kernel = probes.get_function("coords")
+    kernel((1,), (32,), (Dev(np.zeros(32, np.int64)),))  # the parent's pool has its threads
+    pid = os.fork()
+    if pid == 0:  # the child: none of those threads
+        code = 3
+        try:
+            out = Dev(np.zeros(64, np.int64))
+            kernel((2,), (32,), (out,))
+            code = (
+                0 if (out._storage == np.arange(64) // 32 * 1000 + np.arange(64) % 32).all() else 2
+            )
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60  # bounded: a child stuck on dead threads is killed
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's launch hung")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
 
 
 def test_arguments_are_checked_against_the_c_signature(probes: RawModule) -> None:
