@@ -4,7 +4,8 @@ nvcc (test_cuda_compiles.py) is not what a user's machine runs: cupy hands the t
 ``gpu.source_text(name)`` with ``gpu.NVRTC_OPTIONS`` to NVRTC. NVRTC comes from the pip wheel
 ``nvidia-cuda-nvrtc-cu12`` (in the ``test`` extra), loaded with ctypes: no driver, no device.
 Each source must compile for every architecture evdb targets with an empty log (NVRTC has no
-``-Werror``) and define exactly its ``extern "C" __global__`` kernels as PTX entries; a
+``-Werror``) and define exactly its ``extern "C" __global__`` kernels as PTX entries, and
+build machine code for sm_80 and sm_90 without a register spill; a
 mutated source (a kernel losing ``extern "C"``, an ``atomicCAS`` on a signed 64-bit
 pointer) must fail the same check. Skipped without the wheel, except under CI (``CI=true``).
 """
@@ -49,13 +50,16 @@ class Compiled:
     entries: list[str]
 
 
-def compile_source(lib: ctypes.CDLL, text: str, arch: str, name: str = "source.cu") -> Compiled:
-    """text through NVRTC with gpu.NVRTC_OPTIONS for arch: success, log and PTX entries."""
+def compile_source(
+    lib: ctypes.CDLL, text: str, arch: str, name: str = "source.cu", extra: tuple[str, ...] = ()
+) -> Compiled:
+    """text through NVRTC with gpu.NVRTC_OPTIONS (and extra) for arch: success, log and the
+    PTX entries (none for a real sm_XX architecture, which builds a cubin)."""
     prog = ctypes.c_void_p()
     check = _checker(lib)
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), name.encode(), 0, None, None))
     try:
-        opts = [*gpu.NVRTC_OPTIONS, f"--gpu-architecture={arch}"]
+        opts = [*gpu.NVRTC_OPTIONS, f"--gpu-architecture={arch}", *extra]
         argv = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
         status = lib.nvrtcCompileProgram(prog, len(opts), argv)
         size = ctypes.c_size_t()
@@ -64,6 +68,8 @@ def compile_source(lib: ctypes.CDLL, text: str, arch: str, name: str = "source.c
         check(lib.nvrtcGetProgramLog(prog, log))
         if status != 0:
             return Compiled(False, log.value.decode(errors="replace"), [])
+        if arch.startswith("sm_"):
+            return Compiled(True, log.value.decode(errors="replace"), [])
         check(lib.nvrtcGetPTXSize(prog, ctypes.byref(size)))
         ptx = ctypes.create_string_buffer(size.value)
         check(lib.nvrtcGetPTX(prog, ptx))
@@ -105,6 +111,19 @@ def test_source_compiles_with_an_empty_log_and_exactly_its_kernels(
     declared = sorted(kernel_signatures(gpu.source_text(source)))
     assert declared, f'{source}.cu declares no extern "C" __global__ kernel'
     assert sorted(result.entries) == declared
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("source", gpu.SOURCES)
+def test_source_builds_machine_code_without_register_spills(
+    nvrtc: ctypes.CDLL, source: str, arch: str
+) -> None:
+    # ptxas through NVRTC, as the driver would JIT the PTX: a spill is a warning in the log.
+    text = gpu.source_text(source)
+    result = compile_source(
+        nvrtc, text, arch, f"{source}.cu", ("--ptxas-options=--warn-on-spills",)
+    )
+    assert result.ok and not result.log.strip(), f"{source}.cu ({arch}):\n{result.log}"
 
 
 def test_every_launched_kernel_is_an_nvrtc_entry(
@@ -160,3 +179,10 @@ def test_a_warning_fails_the_empty_log_check(nvrtc: ctypes.CDLL) -> None:
     )
     result = compile_source(nvrtc, text, ARCHES[0])
     assert result.ok and result.log.strip()
+
+
+def test_a_register_spill_fails_the_spill_check(nvrtc: ctypes.CDLL) -> None:
+    # Too few registers for bags.cu: the same options must then report the spills.
+    extra = ("--ptxas-options=--warn-on-spills", "--maxrregcount=24")
+    result = compile_source(nvrtc, gpu.source_text("bags"), "sm_80", "bags.cu", extra)
+    assert result.ok and "spilled" in result.log
