@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,10 +28,9 @@ from evdb.kernels.gpu import runtime
 from ..cuda_cpu import rawmodule
 from ..cuda_cpu.rawmodule import CompileException, RawModule
 from ..kernels.cases import CASES, assert_same
-from .conftest import ON_DEVICE
 from .test_gpu_parity import HostAdapter
 
-pytestmark = pytest.mark.skipif(ON_DEVICE, reason="the CPU executor: tested where no GPU is")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Dev:
@@ -272,6 +274,33 @@ def test_what_nvrtc_rejects_g_plus_plus_rejects() -> None:
     )
     with pytest.raises(CompileException, match="atomicCAS"):
         RawModule(code=code)
+
+
+def test_processes_building_one_source_at_once_share_one_library(tmp_path) -> None:
+    # pytest processes in parallel build into one cache: each writes a temporary file and
+    # renames it, so both load a whole library and one file is left.
+    code = PROBES + f"\n// {tmp_path.name}\n"  # a source no cache has seen
+    script = (
+        "import sys, numpy as np\n"
+        "from tests.cuda_cpu.rawmodule import RawModule\n"
+        "from tests.gpu.test_cuda_cpu import Dev\n"
+        "out = Dev(np.zeros(32, np.int64))\n"
+        "RawModule(code=sys.stdin.read()).get_function('coords')((1,), (32,), (out,))\n"
+        "assert (out._storage == np.arange(32)).all()\n"
+    )
+    env = {**os.environ, "EVDB_CUDA_CPU_CACHE": str(tmp_path / "cache")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], stdin=subprocess.PIPE, env=env, cwd=ROOT, text=True
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.stdin.write(code)  # type: ignore[union-attr]
+        p.stdin.close()  # type: ignore[union-attr]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    built = sorted(f.name.split("-")[0] for f in (tmp_path / "cache").iterdir())
+    assert built == ["module", "runtime"]
 
 
 def test_a_missing_kernel_is_an_attribute_error(probes: RawModule) -> None:
