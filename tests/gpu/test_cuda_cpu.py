@@ -11,6 +11,7 @@ must catch it: so a green parity run on the executor means something.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,11 @@ from ..kernels.cases import CASES, assert_same
 from .test_gpu_parity import HostAdapter
 
 ROOT = Path(__file__).resolve().parents[2]
+# Without g++ there is no executor: skipped, except under CI, which must have it.
+pytestmark = pytest.mark.skipif(
+    shutil.which(rawmodule.CXX) is None and os.environ.get("CI") != "true",
+    reason=f"no {rawmodule.CXX} to build the CUDA sources for the CPU",
+)
 
 
 class Dev:
