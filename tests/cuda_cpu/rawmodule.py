@@ -255,11 +255,11 @@ class RawModule:
     def __init__(
         self,
         code: str | None = None,
-        *,
         path: str | None = None,
         options: tuple[str, ...] = (),
         backend: str = "nvrtc",
         translate_cucomplex: bool = False,
+        *,
         enable_cooperative_groups: bool = False,
         name_expressions: Any = None,
         jitify: bool = False,
