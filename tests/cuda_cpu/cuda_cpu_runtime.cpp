@@ -6,7 +6,7 @@
 // they run the kernel concurrently, and the last to finish wakes the launcher. Blocks run one
 // after another. Warp intrinsics rendezvous under a mutex per warp: an op is matched across
 // the lanes of its mask by (mask, how many ops with that mask the lane has done), and every
-// lane must reach it from the same call site, so a lane that exits, skips the op or sits at
+// lane must reach it from the same source line, so a lane that exits, skips the op or sits at
 // another op is reported (at once where it is a certain deadlock, else after a timeout).
 // Errors unwind the CUDA threads by exception and fail the launch with a message.
 #include <linux/futex.h>
