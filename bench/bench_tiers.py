@@ -131,7 +131,8 @@ OS_CACHE_STATES = ("cached", "dropped")
 class ColdResult:
     state: str  # OS page-cache state: "cached" or "dropped"
     evdb: float  # keys/s
-    raw: float
+    raw: float  # bare multi-get, the previous options (a baseline fixed across versions)
+    floor: float  # bare multi-get, evdb's options and read options (the floor)
     dram_hits: int  # DRAM hits over evdb's timed calls (0: every row came from disk)
 
 
@@ -141,8 +142,10 @@ class ColdStores:
 
     table: evdb.Table
     raw: rocksdict.Rdict
+    floor: rocksdict.Rdict
     evdb_dir: Path  # evdb's working copy of RocksDB: the files its reads go to
     raw_dir: Path
+    floor_dir: Path
     keys: np.ndarray
     values: np.ndarray
     encoded: list[bytes]  # keys, as RocksDB sees them
@@ -232,12 +235,12 @@ def prepare_os_cache(state: str, path: Path) -> None:
     (cache_files if state == "cached" else drop_files)(path)
 
 
-def raw_store(path: Path, mmap_reads: bool) -> rocksdict.Rdict:
-    """A bare rocksdict database with evdb's options (and its own 32 MiB block cache)."""
+def raw_store(path: Path, mmap_reads: bool, options: Any = None) -> rocksdict.Rdict:
+    """A bare rocksdict database with evdb's options (or ``options(compression, cache,
+    mmap_reads)``), and its own 32 MiB block cache."""
     cache = rocksdict.Cache(rocks_store.BLOCK_CACHE_BYTES)
-    return rocksdict.Rdict(
-        str(path), rocks_store.rocks_options(DiskConfig().compression, cache, mmap_reads)
-    )
+    make = rocks_store.rocks_options if options is None else options
+    return rocksdict.Rdict(str(path), make(DiskConfig().compression, cache, mmap_reads))
 
 
 def raw_write(db: rocksdict.Rdict, keys: list[bytes], values: list[bytes]) -> None:
@@ -263,6 +266,28 @@ def packed_records(values: np.ndarray, slots: np.ndarray | None, dtype: str) -> 
     if slots is not None:
         rec["slots"] = slots
     return rec.view(f"V{layout.itemsize}").tolist()  # type: ignore[no-any-return]
+
+
+def baseline_options(
+    compression: Any = "none", cache: Any = None, mmap_reads: bool = False
+) -> rocksdict.Options:
+    """The options evdb opened RocksDB with at git 0dffac6 (before issue 32): the cold
+    reads' raw baseline, kept fixed so that versions compare against the same store."""
+    opts = rocksdict.Options(raw_mode=True)
+    opts.set_allow_mmap_reads(mmap_reads)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_compression_type(getattr(rocksdict.DBCompressionType, compression)())
+    opts.set_write_buffer_size(16 << 20)
+    opts.set_max_write_buffer_number(2)
+    opts.set_max_background_jobs(2)
+    opts.set_level_zero_file_num_compaction_trigger(8)
+    table = rocksdict.BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    if cache is not None:
+        table.set_block_cache(cache)
+    opts.set_block_based_table_factory(table)
+    return opts
 
 
 # -- 1. cold reads ------------------------------------------------------------------------
@@ -291,23 +316,37 @@ def bench_cold(args: argparse.Namespace, report: Report) -> None:
 
             encoded = rocks.encode_keys(keys)
             records = packed_records(values, None, "float32")
-            raw = raw_store(raw_dir / "db", args.mmap_reads)
+            raw = raw_store(raw_dir / "db", args.mmap_reads, baseline_options)
+            floor = raw_store(raw_dir / "floor", args.mmap_reads)
             try:
                 t0 = time.perf_counter()
                 raw_write(raw, encoded, records)
                 build["raw write"] = time.perf_counter() - t0
                 build["raw flush"] = timed(lambda: raw.flush(True))
                 build["raw compact"] = timed(lambda: raw.compact_range(None, None))
+                raw_write(floor, encoded, records)
+                floor.flush(True)
+                floor.compact_range(None, None)
                 del records
                 gc.collect()
                 stores = ColdStores(
-                    t, raw, evdb_dir / WORKING, raw_dir, keys, values, encoded, on_disk
+                    t,
+                    raw,
+                    floor,
+                    evdb_dir / WORKING,
+                    raw_dir / "db",
+                    raw_dir / "floor",
+                    keys,
+                    values,
+                    encoded,
+                    on_disk,
                 )
                 for state in OS_CACHE_STATES:
                     report.cold.append(cold_state(state, stores, args, rng))
                     log(f"  cold reads, OS cache {state}: done")
             finally:
                 raw.close()
+                floor.close()
             db.drop_table(TABLE)
         finally:
             db.close()
@@ -332,7 +371,8 @@ def cold_state(
 ) -> ColdResult:
     """Median keys/s of evdb's lookup and the raw multi-get in one OS page-cache state; the
     two sides alternate, on the same fresh keys each call, the first call untimed."""
-    evdb_times, raw_times, hits = [], [], 0
+    evdb_times, raw_times, floor_times, hits = [], [], [], 0
+    read_opt = rocks_store.read_options()
     for i in range(args.repeat + 1):
         idx = s.on_disk[rng.choice(s.on_disk.shape[0], args.batch, replace=False)]
         batch_keys = s.keys[idx]
@@ -350,6 +390,11 @@ def cold_state(
         got = s.raw.get(query)
         raw_s = time.perf_counter() - t0
 
+        prepare_os_cache(state, s.floor_dir)
+        t0 = time.perf_counter()
+        s.floor.get(query, read_opt=read_opt)
+        floor_s = time.perf_counter() - t0
+
         if i == 0:  # the warm-up call: check both sides read what was written
             if not np.array_equal(out, s.values[idx]):
                 raise SystemExit("evdb lookup returned other values than were upserted")
@@ -358,11 +403,13 @@ def cold_state(
             continue
         evdb_times.append(evdb_s)
         raw_times.append(raw_s)
+        floor_times.append(floor_s)
         hits += after - before
     return ColdResult(
         state,
         args.batch / statistics.median(evdb_times),
         args.batch / statistics.median(raw_times),
+        args.batch / statistics.median(floor_times),
         hits,
     )
 
@@ -649,11 +696,22 @@ def print_cold(report: Report, args: argparse.Namespace) -> None:
                 fmt_rate(r.raw, 2),
                 fmt_ratio(ratio),
                 verdict,
+                fmt_rate(r.floor, 2),
+                fmt_ratio(r.evdb / r.floor),
                 fmt_count(r.dram_hits),
             ]
         )
-    rows.append(["in DRAM", fmt_rate(report.in_dram), "-", "-", "", "-"])
-    header = ["OS cache", "evdb", "raw get", "evdb/raw", f"aim {COLD_AIM}x", "DRAM hits"]
+    rows.append(["in DRAM", fmt_rate(report.in_dram), "-", "-", "", "-", "-", "-"])
+    header = [
+        "OS cache",
+        "evdb",
+        "raw get",
+        "evdb/raw",
+        f"aim {COLD_AIM}x",
+        "floor get",
+        "evdb/floor",
+        "DRAM hits",
+    ]
     print_table(header, rows, first_left=1)
     cached = next((r for r in report.cold if r.state == "cached"), None)
     if cached is not None:
@@ -661,6 +719,11 @@ def print_cold(report: Report, args: argparse.Namespace) -> None:
             f"(in DRAM: disk=False, same rows and batch size; cached disk read / in DRAM = "
             f"{cached.evdb / report.in_dram:.3f}x)"
         )
+    print(
+        "(raw get: a bare multi-get on a store opened with evdb's options of git 0dffac6, "
+        "a baseline that stays the same across versions; floor get: on a store opened with "
+        "evdb's options of this version, with the tier's read options)"
+    )
     print(
         f"(build: evdb upsert {b['evdb fill']:.1f}s, flush {b['evdb flush']:.1f}s, compact "
         f"{b['evdb compact']:.1f}s; raw write {b['raw write']:.1f}s, flush "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Literal
@@ -21,6 +22,7 @@ import numpy as np
 import rocksdict
 
 from evdb._types import BoolArray, Int64Array
+from evdb.errors import CorruptDataError
 from evdb.records import RecordBatch, record_dtype
 from evdb.tiers.base import Tier
 from evdb.tiers.keyfilter import KeyFilter
@@ -204,37 +206,79 @@ class RocksTier(Tier):
         out = records.pack(_VALUE[self.dtype])
         return out.view(f"V{self._record.itemsize}").tolist()  # type: ignore[no-any-return]
 
-    def _unpack(self, blob: bytes) -> RecordBatch:
+    def _unpack(self, blob: bytes | np.ndarray) -> RecordBatch:
         where = f"{self.store.path}, column family {self.column_family!r}: "
         return RecordBatch.unpack(blob, self.dim, self.n_slots, _VALUE[self.dtype], where)
 
     # -- Tier contract --------------------------------------------------------------------
     def get(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch]:
-        found = np.zeros(keys.shape[0], dtype=bool)
+        """Rows of keys (repeats allowed): which were found, and their records in input order.
+
+        Keys the filter rules out are not read; the rest are read in key order (RocksDB then
+        meets each block once) by one multi-get, and the values found are decoded in one
+        vectorised pass: joined into one buffer, viewed as records and scattered into input
+        order. The only per-row work left in Python is what the binding does itself."""
+        n = keys.shape[0]
+        found = np.zeros(n, dtype=bool)
         maybe = np.flatnonzero(self.filter.may_contain(keys))
-        self.counters["filtered"] += keys.shape[0] - maybe.shape[0]
+        self.counters["filtered"] += n - maybe.shape[0]
         if maybe.shape[0] == 0:
-            self.counters["misses"] += keys.shape[0]
+            self.counters["misses"] += n
             return found, self._unpack(b"")
         maybe = maybe[np.argsort(keys[maybe], kind="stable")]  # key order: blocks read once
-        encoded: list[Any] = encode_keys(keys[maybe])
+        got = self._read(encode_keys(keys[maybe]))
+        records, hit = self._decode(got)
+        at = maybe if hit is None else maybe[hit]
+        found[at] = True
+        hits = at.shape[0]
+        self.counters["hits"] += hits
+        self.counters["misses"] += n - hits
+        # input order: a found key's record goes to the count of found keys before it
+        # (scattered as rows of bytes: numpy copies those faster than structured records)
+        into = np.cumsum(found)[at] - 1
+        ordered = np.empty((hits, self._record.itemsize), dtype=np.uint8)
+        ordered[into] = records
+        return found, self._unpack(ordered.view(self._record).reshape(hits))
+
+    def _read(self, encoded: list[Any]) -> list[Any]:
+        """The values of encoded keys (sorted), None where not stored: what the read ahead
+        holds, the rest from one multi-get."""
         ahead = self._read_ahead()
         if ahead is None:
-            got = np.array(self.cf.get(encoded), dtype=object)  # one multi-get
-        else:
-            got = np.array(list(map(ahead.get, encoded, itertools.repeat(_UNREAD))), dtype=object)
-            unread = np.flatnonzero(got == _UNREAD)
-            self.counters["read_ahead_used"] += len(encoded) - unread.shape[0]
-            if unread.shape[0]:
-                rest = np.array(encoded, dtype=object)[unread].tolist()
-                got[unread] = np.array(self.cf.get(rest), dtype=object)
-        hit: BoolArray = got != None  # noqa: E711 (elementwise, not identity)
-        at = maybe[hit]
-        found[at] = True
-        hits = int(np.count_nonzero(hit))
-        self.counters["hits"] += hits
-        self.counters["misses"] += keys.shape[0] - hits
-        return found, self._unpack(b"".join(got[hit])).take(np.argsort(at))  # input order
+            return self._multi_get(encoded)
+        got = list(map(ahead.get, encoded, itertools.repeat(_UNREAD)))
+        unread: list[int] = []
+        if _UNREAD in got:
+            is_unread = map(operator.is_, got, itertools.repeat(_UNREAD))
+            unread = np.flatnonzero(np.fromiter(is_unread, bool, len(got))).tolist()
+        self.counters["read_ahead_used"] += len(encoded) - len(unread)
+        if unread:
+            rest = self._multi_get(list(map(encoded.__getitem__, unread)))
+            collections.deque(map(got.__setitem__, unread, rest), maxlen=0)
+        return got
+
+    def _multi_get(self, encoded: list[Any]) -> list[Any]:
+        """One multi-get of encoded keys (sorted), with the store's read options."""
+        got: list[Any] = self.cf.get(encoded, read_opt=self.store.read_options) or []
+        return got
+
+    def _decode(self, got: list[Any]) -> tuple[np.ndarray, BoolArray | None]:
+        """The records among values ``got`` (None: not stored), one row of bytes each in one
+        buffer, and which were found (None: all of them)."""
+        hit: BoolArray | None = None
+        expect = len(got)
+        if None in got:
+            hit = np.fromiter(map(operator.is_not, got, itertools.repeat(None)), bool, len(got))
+            expect = int(np.count_nonzero(hit))
+        blob = b"".join(got if hit is None else itertools.compress(got, hit.tolist()))
+        size = self._record.itemsize
+        if len(blob) != expect * size:
+            where = f"{self.store.path}, column family {self.column_family!r}"
+            raise CorruptDataError(
+                f"{where}: {expect} records read are {len(blob)} bytes, expected "
+                f"{expect} x {size} (dim={self.dim}, slots={self.n_slots}, {self.dtype})"
+            )
+        return np.frombuffer(blob, dtype=np.uint8).reshape(expect, size), hit
 
     def exists(self, keys: Int64Array) -> BoolArray:
         found, _ = self.get(keys)
@@ -248,8 +292,10 @@ class RocksTier(Tier):
         if maybe.shape[0] == 0:
             return
         encoded: list[Any] = encode_keys(np.unique(maybe))  # key order: blocks read once
-        cf = self.cf
-        self._ahead = _ReadAhead(self.store.read_later(lambda: cf.get(encoded)), encoded)
+        cf, opts = self.cf, self.store.read_options
+        self._ahead = _ReadAhead(
+            self.store.read_later(lambda: cf.get(encoded, read_opt=opts)), encoded
+        )
         self.counters["read_ahead"] += len(encoded)
 
     def _read_ahead(self) -> dict[bytes, Any] | None:

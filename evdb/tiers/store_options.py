@@ -16,6 +16,7 @@ __all__ = [
     "WRITE_CHUNK",
     "Compression",
     "family_options",
+    "read_options",
     "rocks_options",
 ]
 
@@ -86,3 +87,10 @@ def family_options(
     """The options of each column family of ``column_families`` (name -> compression), over
     one shared block cache."""
     return {name: rocks_options(c, cache) for name, c in column_families.items()}
+
+
+def read_options() -> rocksdict.ReadOptions:
+    """The options of the RocksDB tier's multi-gets: no block checksum verification."""
+    opts = rocksdict.ReadOptions()
+    opts.set_verify_checksums(False)
+    return opts

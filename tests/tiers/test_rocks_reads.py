@@ -1,0 +1,127 @@
+"""The RocksDB tier's read path: one sorted multi-get and one vectorised decode, checked
+against a plain dict of what was written; damage named; databases written with the options
+of earlier versions read back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rocksdict
+
+from evdb.errors import CorruptDataError
+from evdb.records import FIELDS, RecordBatch
+from evdb.tiers import store, store_options
+from evdb.tiers.rocks import RocksTier, encode_keys
+from evdb.tiers.store import RocksStore
+
+from .contract import DIM, SLOTS, assert_same, records
+
+
+@pytest.fixture
+def rocks(tmp_path: Path) -> Iterator[RocksStore]:
+    s = RocksStore(tmp_path / "rocks", {})
+    yield s
+    s.close()
+
+
+def reference_get(written: dict[int, int], rows: RecordBatch, keys: np.ndarray) -> RecordBatch:
+    """What a get must return: the record last written for each key found, in input order."""
+    at = [written[k] for k in keys.tolist() if k in written]
+    return RecordBatch(*(getattr(rows, f)[at] for f in FIELDS))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_get_matches_a_dict_of_what_was_written(
+    rocks: RocksStore, seed: int, read_ahead: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    tier = RocksTier(rocks, "t.x", DIM, SLOTS)
+    rows = records(600, seed=seed)
+    written: dict[int, int] = {}
+    for start in range(0, 600, 200):  # three writes, some keys overwritten, some removed
+        keys = rng.choice(np.arange(-400, 400, dtype=np.int64), 200, replace=False)
+        tier.put(keys, rows.take(np.arange(start, start + 200)))
+        written.update(zip(keys.tolist(), range(start, start + 200), strict=True))
+        if start == 200:
+            rocks.checkpoint(rocks.path.with_name(f"ckpt-{seed}"))  # some rows in files
+    gone = np.array(sorted(written)[::7], dtype=np.int64)
+    tier.remove(gone)
+    for k in gone.tolist():
+        del written[k]
+    for _ in range(3):
+        keys = rng.integers(-500, 500, 300).astype(np.int64)  # repeats, misses, any order
+        if read_ahead:
+            tier.prefetch(keys[: rng.integers(0, 300)])
+        found, got = tier.get(keys)
+        assert found.tolist() == [k in written for k in keys.tolist()]
+        assert_same(got, reference_get(written, rows, keys))
+
+
+def test_a_record_of_the_wrong_size_is_named_as_damage(rocks: RocksStore) -> None:
+    tier = RocksTier(rocks, "t.x", DIM, SLOTS)
+    tier.put(np.arange(3, dtype=np.int64), records(3))
+    rocks.write_rows("t.x", encode_keys(np.array([1], np.int64)), [b"short"])
+    with pytest.raises(
+        CorruptDataError, match=r"column family 't\.x': 3 records read are 103 bytes"
+    ):
+        tier.get(np.arange(3, dtype=np.int64))
+    found, _ = tier.get(np.array([0, 2], np.int64))  # the others still read
+    assert found.all()
+
+
+def previous_rocks_options(
+    compression: store_options.Compression = "lz4", cache: object = None, mmap_reads: bool = False
+) -> rocksdict.Options:
+    """The options evdb opened RocksDB with at git 0dffac6 (level compaction, 4 KiB blocks,
+    a filter on every level; smaller memtables here, for more files): a store written with
+    them must read back under whatever options evdb opens RocksDB with now."""
+    opts = rocksdict.Options(raw_mode=True)
+    opts.set_allow_mmap_reads(mmap_reads)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_compression_type(rocksdict.DBCompressionType.none())
+    opts.set_write_buffer_size(1 << 20)
+    opts.set_max_write_buffer_number(2)
+    opts.set_level_zero_file_num_compaction_trigger(8)
+    table = rocksdict.BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    if cache is not None:
+        table.set_block_cache(cache)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+def test_a_store_written_with_the_previous_options_reads_back_and_keeps_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "rocks"
+    rows = records(3000, seed=5)
+    keys = np.random.default_rng(5).permutation(3000).astype(np.int64) * 7919
+    with monkeypatch.context() as m:
+        m.setattr(store_options, "rocks_options", previous_rocks_options)
+        m.setattr(store, "rocks_options", previous_rocks_options)
+        old = RocksStore(path, {})
+        tier = RocksTier(old, "t.x", DIM, SLOTS)
+        for part in np.array_split(np.arange(3000), 6):  # files in several levels and L0
+            tier.put(keys[part], rows.take(part))
+            old.checkpoint(tmp_path / f"ckpt-{part[0]}")
+            if part[0] == 0:
+                old.compact_range("t.x")
+        arrays = tier.to_arrays()
+        old.close()
+    new = RocksStore(path, {"t.x": "none"})
+    try:
+        tier = RocksTier(new, "t.x", DIM, SLOTS)
+        tier.load_arrays(arrays)
+        found, got = tier.get(keys[::-1])
+        assert found.all()
+        assert_same(got, rows.take(np.arange(3000)[::-1]))
+        tier.put(keys[:10], rows.take(np.arange(10, 20)), existed=np.ones(10, bool))
+        new.compact_range("t.x")  # the new options rewrite the old files
+        assert_same(tier.get(keys[:20])[1], rows.take(np.r_[10:20, 10:20]))
+    finally:
+        new.close()
