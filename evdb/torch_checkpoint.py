@@ -47,8 +47,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 from evdb.database import Database
 from evdb.distributed.database import ShardedDatabase
 from evdb.distributed.group import ShardedCollection
+from evdb.distributed.layout import read_layout
 from evdb.distributed.table import ShardedTable
 from evdb.errors import InvalidArgumentError
+from evdb.manifest import read_manifest
 from evdb.table import Table
 from evdb.torch import EmbeddingBag, EmbeddingBagCollection
 
@@ -139,12 +141,15 @@ class DcpTables(Stateful):
             raise InvalidArgumentError(
                 f"state_dict['evdb'] must name the tables' checkpoint in {self.root}, got {name!r}"
             )
-        self.db.restore_in_place(self.root / name)
-        if self.db.step != step:
+        source = self.root / name
+        saved = read_layout(source) if isinstance(self.db, ShardedDatabase) else None
+        saved = read_manifest(source) if saved is None else saved
+        if saved is not None and saved.get("step") != step:  # checked before anything changes
             raise InvalidArgumentError(
-                f"state_dict: the tables' checkpoint {self.root / name} is at step "
-                f"{self.db.step}, the DCP state at {step}: they are of different saves"
+                f"state_dict: the tables' checkpoint {source} is at step {saved.get('step')}, "
+                f"the DCP state at {step}: they are of different saves"
             )
+        self.db.restore_in_place(source)  # refuses a source that is no checkpoint
 
     def __repr__(self) -> str:
         return f"DcpTables({self.db!r}, {str(self.root)!r}, loading={self.loading})"

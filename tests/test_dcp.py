@@ -180,6 +180,11 @@ def test_direct_dcp_calls_with_the_wrapper_and_refusals(tmp_path: Path) -> None:
     assert (db.step, len(db.table("item"))) == (0, 2)
     with pytest.raises(InvalidArgumentError, match="already"):  # the same id twice
         dcp.save({"tables": etc.DcpTables(db, ckpt)}, checkpoint_id=ckpt)
+    _ = db.advance(3)
+    mixed = etc.DcpTables(db, ckpt, loading=True)
+    with pytest.raises(InvalidArgumentError, match="at step 0, the DCP state at 5"):
+        mixed.load_state_dict({"evdb": "evdb", "step": 5})  # another save's DCP files
+    assert db.step == 3  # refused before anything changed
     with pytest.raises(InvalidArgumentError, match="no evdb entry"):
         etc.save({"model": torch.nn.Linear(1, 1)}, tmp_path / "other")
     with pytest.raises(InvalidArgumentError, match="tables must be an evdb Database"):
