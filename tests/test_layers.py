@@ -14,7 +14,12 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 # Each layer may import the layers after it, never those before it.
 LAYERS = [
     {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
-    | {"evdb.torch_autograd", "evdb.torch_inputs", "evdb.torch_metrics"}  # the binding's parts
+    | {
+        "evdb.torch_autograd",
+        "evdb.torch_inputs",
+        "evdb.torch_metrics",
+        "evdb.torch_checkpoint",
+    }  # the binding's parts
     | {"evdb.distributed"}  # sharding: a layer above Database and Table (DESIGN)
     | {"evdb.sizing", "evdb.sizing_logs", "evdb.sizing_lru", "evdb.sizing_report"}  # tier sizing
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
