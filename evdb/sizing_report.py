@@ -43,8 +43,10 @@ class SizingReport:
     @property
     def warnings(self) -> list[str]:
         out = []
-        if self.policy is not None and (self.policy.mini_rows < MIN_MINIATURE_ROWS).any():
-            small = int(self.policy.rows[self.policy.mini_rows < MIN_MINIATURE_ROWS].max())
+        small_mini = None if self.policy is None else _small_miniatures(self.policy)
+        if small_mini is not None and small_mini.any():
+            assert self.policy is not None
+            small = int(self.policy.rows[small_mini].max())
             out.append(
                 f"sizes up to {small:,} rows were simulated with miniatures of fewer than "
                 f"{MIN_MINIATURE_ROWS} rows: their hit rates may be off by a few points "
@@ -96,6 +98,7 @@ class SizingReport:
             look = policy.sized_hit_rate("lookup")
             rates = np.broadcast_to(np.asarray(policy.rate, dtype=np.float64), pull.shape)
             hbm, dram = policy.hbm_hit_rate("pull"), policy.dram_tier_hit_rate("pull")
+            small_mini = _small_miniatures(policy)
             out["curve"] = [
                 {
                     f"{policy.tier}_rows": int(r),
@@ -104,7 +107,7 @@ class SizingReport:
                     "evdb_hit_rate": _num(pull[i]),
                     "evdb_lookup_hit_rate": _num(look[i]),
                     "lru_hit_rate": _num(lru[i]),
-                    "reliable": bool(m >= MIN_MINIATURE_ROWS),  # see MIN_MINIATURE_ROWS
+                    "reliable": not bool(small_mini[i]),  # see MIN_MINIATURE_ROWS
                 }
                 | (
                     {}
@@ -125,6 +128,13 @@ class SizingReport:
                     if hbm is not None:
                         out["current_hit_rate"]["hbm"] = _num(hbm[j])
         return out
+
+
+def _small_miniatures(policy: PolicyCurve) -> np.ndarray:
+    """Per size, whether its miniature is too small to trust (a sampled one under
+    MIN_MINIATURE_ROWS rows; at rate 1 the miniature is the table itself)."""
+    rates = np.broadcast_to(np.asarray(policy.rate, dtype=np.float64), policy.rows.shape)
+    return (policy.mini_rows < MIN_MINIATURE_ROWS) & (rates < 1.0)
 
 
 def _highest(rates: np.ndarray) -> float | None:

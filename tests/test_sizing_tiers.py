@@ -124,3 +124,15 @@ def test_cli_sizes_the_hbm_tier(tmp_path: Path) -> None:
     assert f"{100 * hbm:.2f}%" in done.stdout  # unsampled: the real table's HBM hit rate
     done = CliRunner().invoke(cli, ["size", str(tmp_path / "t"), "--tier", "hbm", "--json"])
     assert done.exit_code == 0 and '"tier": "hbm"' in done.stdout
+
+
+def test_small_miniatures_are_flagged_only_when_sampled(tmp_path: Path) -> None:
+    _train(tmp_path / "db", tmp_path / "t", steps=30, dram_rows=100)
+    whole = read_trace(tmp_path / "t")
+    report = size_table(whole, rows=[50, 100])  # rate 1: the miniatures are the table
+    assert all(c["reliable"] for c in report.to_dict()["curve"])
+    assert not any("miniatures of fewer" in w for w in report.warnings)
+    sampled = whole.subsample(FULL // 2)  # rate 1/2: 25- and 50-row miniatures
+    report = size_table(sampled, rows=[50, 100])
+    assert [c["reliable"] for c in report.to_dict()["curve"]] == [False, False]
+    assert any("sizes up to 100 rows" in w for w in report.warnings)
