@@ -65,6 +65,9 @@ def sample_keys_reference(keys: Int64Array, salt: int, threshold: int) -> Int64A
 # for 8,192 keys, and a strided batch is rare (it is copied first). One multiply-shift hash
 # instead of splitmix64 ran in 3.8 us, but keys that differ only in high bits would then
 # share the low bits that decide.
+# Branchless: a kept key is written and counted, a dropped one written and overwritten. At
+# rates far from 0 and 1 (min_keys raises the rate) the branch mispredicted: 24.0 against 7.1
+# us at rate 0.38 over 64 different batches of 8,192 Zipf keys; the same 7.4 us at 0.01.
 # Compiled on the first call (no signature given: importing evdb compiles nothing), for the
 # types callers pass: C-contiguous int64 arrays, np.uint64 salt and threshold.
 @njit(nogil=True, cache=True)
@@ -79,9 +82,8 @@ def sample_into(keys, salt, threshold, out):  # type: ignore[no-untyped-def]
         x ^= x >> _S27
         x *= _M2
         x ^= x >> _S31
-        if (x >> _SHIFT) < threshold:
-            out[n] = keys[i]
-            n += 1
+        out[n] = keys[i]  # written always (n <= i), kept by the count: no branch
+        n += (x >> _SHIFT) < threshold
     return n
 
 
@@ -162,10 +164,9 @@ def sample_hashed_into(keys, salt, threshold, out, out_hashes):  # type: ignore[
         x *= _M2
         x ^= x >> _S31
         h = x >> _SHIFT
-        if h < threshold:
-            out[n] = keys[i]
-            out_hashes[n] = h
-            n += 1
+        out[n] = keys[i]  # written always, kept by the count (see sample_into)
+        out_hashes[n] = h
+        n += h < threshold
     return n
 
 
