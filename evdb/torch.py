@@ -176,6 +176,7 @@ class EmbeddingBag(nn.Module):
             self.mode,
             self.max_norm,
             self.fused_optimizer.sync,
+            like=input,  # embeddings on the input's device (the table's device path there)
         )
         return out
 
@@ -353,6 +354,8 @@ class EmbeddingBagCollection(nn.Module):
 
     def forward(self, features: Any) -> dict[str, torch.Tensor] | torch.Tensor:
         feats = self._features(features)
+        kjt = callable(getattr(features, "weights_or_none", None))
+        like = features.values() if kjt else next(iter(dict(features).values()), (None,))[0]
         unknown = [name for name in feats if name not in self.tables]
         if unknown:
             raise KeyError(f"features: no table for {unknown[0]!r}; known: {sorted(self.tables)}")
@@ -405,6 +408,7 @@ class EmbeddingBagCollection(nn.Module):
                     self.mode,
                     self.max_norm,
                     sync,
+                    like=like,  # on the features' device (the table's device path there)
                 )
                 for n, (k, off, w) in batch.items()
             }
