@@ -13,6 +13,7 @@ from evdb.arrays import float_matrix
 from evdb.bags import Bags, parse_bags
 from evdb.errors import InvalidArgumentError
 from evdb.kernels import backend
+from evdb.tiers.device_path import DeviceBatch
 
 cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
@@ -147,6 +148,8 @@ class Pulled:
     table: str
     # The table's bookkeeping of this batch, for its push (where its rows were, its serial)
     ticket: Ticket | None = field(default=None, repr=False)
+    # A batch pulled with device keys: rows is a device array, combined on the device
+    on_device: DeviceBatch | None = field(default=None, repr=False)
 
     def combine(
         self,
@@ -155,19 +158,26 @@ class Pulled:
         combiner: str | None = None,
         max_norm: float | None = None,
     ) -> Float32Array:
-        """Combine the batch's rows into bags: (B, dim) float32.
+        """Combine the batch's rows into bags: (B, dim) float32 (a device array for a batch
+        pulled with device keys; then ``weights`` must be on the device too).
 
         Same arguments as ``Table.lookup``: ``offsets`` (B,) start of each bag in the keys given
         to ``pull`` (torch.nn.EmbeddingBag's convention), per-key ``weights`` (n,),
         ``combiner`` "sum" | "mean" (default) | "sqrtn", ``max_norm`` clipping each row first.
         """
-        return self.combine_bags(
-            parse_bags(self.inverse.shape[0], offsets, weights, combiner, max_norm)
-        )
+        n = self.inverse.shape[0]
+        if self.on_device is not None:
+            bags = self.on_device.path.bags(n, offsets, weights, combiner, max_norm)
+        else:
+            bags = parse_bags(n, offsets, weights, combiner, max_norm)
+        return self.combine_bags(bags)
 
     def combine_bags(self, bags: Bags) -> Float32Array:
         """``combine`` with its arguments already parsed (the torch binding parses them once
         for the forward and the backward of a step)."""
+        if self.on_device is not None:
+            combined: Float32Array = self.on_device.combine(self.rows, bags)
+            return combined
         out = np.empty((bags.n_bags, self.rows.shape[1]), dtype=np.float32)
         cpu.gather_combine(
             self.rows, self.inverse, bags.bounds, bags.weights, bags.combiner, bags.max_norm, out
@@ -185,11 +195,18 @@ class Pulled:
         """Gradient of ``combine`` with respect to ``rows``: (u, dim) float32, aligned with
         ``keys``, ready for ``Table.push``. ``grad_out`` (B, dim) is d loss / d combine(...);
         the other arguments must be those given to ``combine``."""
-        bags = parse_bags(self.inverse.shape[0], offsets, weights, combiner, max_norm)
+        n = self.inverse.shape[0]
+        if self.on_device is not None:
+            bags = self.on_device.path.bags(n, offsets, weights, combiner, max_norm)
+        else:
+            bags = parse_bags(n, offsets, weights, combiner, max_norm)
         return self.combine_backward_bags(grad_out, bags)
 
     def combine_backward_bags(self, grad_out: Any, bags: Bags) -> Float32Array:
         """``combine_backward`` with the bag arguments already parsed."""
+        if self.on_device is not None:
+            grads: Float32Array = self.on_device.combine_backward(grad_out, self.rows, bags)
+            return grads
         g = float_matrix(grad_out, (bags.n_bags, self.rows.shape[1]), "grad_out")
         out = np.empty_like(self.rows)
         cpu.combine_backward(

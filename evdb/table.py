@@ -31,6 +31,7 @@ from evdb.pulled import Pulled, PullLedger, Ticket
 from evdb.records import FREQ_MAX, FROZEN, RecordBatch
 from evdb.table_upkeep import TableSummary, TableUpkeep
 from evdb.tiers.base import Tier
+from evdb.tiers.device_path import DeviceBatch
 from evdb.tiers.rocks import RocksStrings
 
 if TYPE_CHECKING:
@@ -184,7 +185,9 @@ class Table(TableUpkeep):
         distinct keys of every rank with their counts (``evdb.distributed``).
         """
         self._db.check_writable()
-        k = self._keys(keys)
+        dp = self._device_path  # device keys: device rows (see evdb.tiers.device_path)
+        dev = dp if dp is not None and dp.owns(keys) else None
+        k = self._keys(keys) if dev is None else dev.keys_to_host(self._device_keys(keys))
         given = None if counts is None else occurrence_counts(counts, k.shape[0], "counts")
         uniq, inverse, counts, found = self._distinct_rows(k)
         if self._recorder is not None:  # counted: the distinct keys the tiers' counters count
@@ -216,7 +219,7 @@ class Table(TableUpkeep):
         elif n_hits < rows.shape[0]:
             self._chain.count_not_found(rows.shape[0] - n_hits, "pull")
         u = uniq.shape[0]
-        out = np.empty((u, self.dim), dtype=np.float32)
+        out = np.empty((u, self.dim), np.float32) if dev is None else dev.empty_rows(u, self.dim)
         # Every row found: freq += count (saturating), last_step, version, the dirty and pinned
         # bits, and its copy into out, in one kernel pass (numpy read-modify-writes per column
         # cost 8x more)
@@ -240,19 +243,28 @@ class Table(TableUpkeep):
                 )
                 rows[new] = self._chain.create(new_keys, records)
                 top.pin(rows[new])
-                out[new] = records.values
+                if dev is None:
+                    out[new] = records.values
+                else:  # copied from the tier on the device: no second upload
+                    dev.tier.gather_into(out, new, rows[new])
             self.meta.count("not_admitted", int(miss.size - new.size))
             n_have += int(new.size)
         all_in = n_have == u
         admitted = np.ones(u, dtype=bool) if all_in else rows >= 0
         self._chain.evict(self._db.step, self._min_live())
         if not all_in:
-            out[~admitted] = self.defaults(uniq[~admitted])
+            if dev is None:
+                out[~admitted] = self.defaults(uniq[~admitted])
+            else:
+                dev.put_rows(out, np.flatnonzero(~admitted), self.defaults(uniq[~admitted]))
         if self._strings is not None:
             self._strings.store(new_strings, uniq[admitted])
         self._changes.touched(uniq if all_in else uniq[admitted])
         ticket = Ticket(rows, top.frees, serial, self._ledger)
-        return Pulled(uniq, inverse, out, admitted, counts, self._db.step, self.name, ticket)
+        on_device = None if dev is None else DeviceBatch(dev, inverse)
+        return Pulled(
+            uniq, inverse, out, admitted, counts, self._db.step, self.name, ticket, on_device
+        )
 
     def check_pushable(self, pulled: Any) -> Ticket:
         """Raise ``InvalidArgumentError`` unless ``pulled`` is this table's latest pull, not
@@ -302,7 +314,11 @@ class Table(TableUpkeep):
         ticket = self._ledger.check(pulled)
         u = pulled.keys.shape[0]
         n = pulled.inverse.shape[0]
-        g = float_matrix(grads, ((n if per_position else u), self.dim), "grads")
+        shape = ((n if per_position else u), self.dim)
+        if pulled.on_device is None:
+            g = float_matrix(grads, shape, "grads")
+        else:  # a device batch: its gradients stay on the device
+            g = pulled.on_device.path.float_matrix(grads, shape, "grads")
         if per_position:  # positions grouped by key: the kernel sums each key's segment
             bounds = np.zeros(u + 1, dtype=np.int64)
             np.cumsum(pulled.counts, out=bounds[1:])

@@ -30,6 +30,7 @@ from evdb.strings import StringKeeper
 from evdb.table_meta import TableMeta
 from evdb.tiers.base import CacheTier, Tier
 from evdb.tiers.chain import stack
+from evdb.tiers.device_path import DevicePath, device_path
 from evdb.tiers.dram import dram_tier
 from evdb.tiers.hbm import hbm_tier
 from evdb.tiers.rocks import RocksStrings
@@ -77,6 +78,8 @@ class TableReads:
             step=lambda: self._db.step,
         )
         self._top: CacheTier = self._chain.cache  # HBM, or DRAM: the hot paths work on it
+        # Device arrays in and out, where the top tier is on a CUDA device (else None)
+        self._device_path = device_path(self._top)
         self.meta = TableMeta()  # version, pushes, uid, policy counters
         self.ttl = Ttl(config.ttl_steps)
         self._strings = None if strings is None else StringKeeper(strings)
@@ -152,6 +155,12 @@ class TableReads:
     def step(self) -> int:
         """The database's global step (what TTL and ``last_step`` count in)."""
         return self._db.step
+
+    @property
+    def device_path(self) -> DevicePath | None:
+        """The table's device path (device arrays in and out, ``evdb.tiers.device_path``)
+        where its top tier is on a CUDA device; None otherwise."""
+        return self._device_path
 
     @property
     def changes(self) -> ChangeLog:
@@ -285,6 +294,13 @@ class TableReads:
         """``lookup``'s body. It changes nothing unless ``promote`` (the caller holds the
         database alone then). ``later``, if given, collects the keys of the rows read from
         disk, for ``_promote_read`` to cache once the caller may write."""
+        dp = self._device_path
+        if dp is not None and dp.owns(keys):
+            bag_args = (offsets, weights, combiner, max_norm)
+            got: Float32Array = self._lookup_device(
+                keys, *bag_args, out, promote, found, min_live, later
+            )
+            return got
         k = self._keys(keys)
         n = k.shape[0]
         if record and self._recorder is not None:
@@ -334,6 +350,75 @@ class TableReads:
                 self._chain.count_not_found(missing, "lookup")
                 out[miss] = self.defaults(k[miss])
         self._out_rows.append(rows)
+        return out
+
+    def _device_keys(self, keys: Any) -> Any:
+        """Device keys (the device path), checked: an int64 (n,) device array."""
+        self._db.check_open()
+        if self._strings is not None or self.config.key_type == "str":
+            raise InvalidArgumentError(
+                f"keys: table {self.name!r} takes str keys, not a device array"
+            )
+        assert self._device_path is not None
+        return self._device_path.keys(keys)
+
+    def _lookup_device(
+        self,
+        keys: Any,
+        offsets: Any,
+        weights: Any,
+        combiner: str | None,
+        max_norm: float | None,
+        out: Any,
+        promote: bool,
+        found: Any,
+        min_live: int,
+        later: list[Int64Array] | None,
+    ) -> Any:
+        """``_lookup`` of device keys into a device ``out`` (see ``evdb.tiers.device_path``):
+        the top tier probes and gathers (and combines bags) on the device; only where keys
+        miss do they come to the host, and the rows read below go up in one batched copy."""
+        dp = self._device_path
+        assert dp is not None
+        if found is not None:
+            raise InvalidArgumentError("found: not supported with device keys (use contains)")
+        k = self._device_keys(keys)
+        n = int(k.shape[0])
+        if self._recorder is not None:
+            self._recorder.record("lookup", dp.keys_to_host(k), self._db.step)
+        plain = offsets is None and weights is None and combiner is None and max_norm is None
+        bags = None if plain else dp.bags(n, offsets, weights, combiner, max_norm)
+        out = dp.check_out(out, (n if bags is None else bags.n_bags, self.dim))
+        top = dp.tier
+        if bags is not None:
+            if self._chain.has_rows_below and bool((top.locate_on_device(k) < 0).any()):
+                # Some rows may be below: read them all (on the device where resident), then
+                # combine on the device (the fused kernel reads the top tier only).
+                values = self._lookup_device(
+                    k, None, None, None, None, None, promote, None, min_live, later
+                )
+                with dp.context():
+                    positions = dp.cp.arange(n, dtype=np.int64)
+                    top.kernels.gather_combine(
+                        values, positions, bags.bounds, bags.weights, bags.combiner,
+                        bags.max_norm, out,
+                    )  # fmt: skip
+                return out
+            top.lookup_bags(k, bags, min_live, self._default_params(), out)
+            return out
+        with dp.context():
+            rows_dev = dp.cp.empty(n, dtype=np.int64)
+        missing = top.lookup(k, min_live, out, rows_dev)
+        self._chain.count_cache_reads(n - missing, missing, "lookup")
+        if missing:
+            miss = np.flatnonzero(dp.keys_to_host(rows_dev) < 0)
+            k_miss = dp.keys_to_host(k)[miss]
+            if self._chain.has_rows_below:
+                values, _ = self._read_below(k_miss, promote, later, min_live)
+            else:
+                self._chain.count_not_found(missing, "lookup")
+                values = self.defaults(k_miss)
+            dp.put_rows(out, miss, values)
         return out
 
     def _read_below(

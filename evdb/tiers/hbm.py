@@ -35,10 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from evdb.bags import Bags
 from evdb.config import DramConfig, HbmConfig, HbmDevice
 from evdb.errors import ConfigError
 from evdb.hashindex import index_bytes
 from evdb.kernels import backend
+from evdb.records import FREQ_MAX
 from evdb.tiers.cache import ColumnCache
 
 __all__ = ["DeviceCache", "PinnedStaging", "device_bytes", "hbm_tier", "require_device"]
@@ -191,9 +193,81 @@ class DeviceCache(ColumnCache):
             )  # fmt: skip
         self._dev = self.staging.to_device
         self._host = self.staging.to_host
+        # key-sized copies of the device path (evdb.tiers.device_path), by direction
+        self.key_bytes = {"to_host": 0, "to_device": 0}
 
     def _device_ctx(self) -> Any:
         return self._cp.cuda.Device(self.device_id)
+
+    def device_context(self) -> Any:
+        """``cupy.cuda.Device(id)`` of the tier: its device made current (a context)."""
+        return self._device_ctx()
+
+    @property
+    def cupy(self) -> Any:
+        """The cupy module of the tier's arrays."""
+        return self._cp
+
+    # -- the device path: device arrays in, device arrays out (no row crosses) ------------
+    @_on_device
+    def lookup(self, keys: Any, min_live_step: int, out: Any, out_rows: Any) -> int:
+        """``CacheTier.lookup``; with a device ``out`` (and ``out_rows``), the rows stay on
+        the device."""
+        if not isinstance(out, self._cp.ndarray):
+            return ColumnCache.lookup(self, keys, min_live_step, out, out_rows)
+        return int(
+            self.kernels.probe_gather(
+                self.index.slots, self.values, self.last_step, self._dev(keys), min_live_step,
+                out, out_rows,
+            )
+        )  # fmt: skip
+
+    @_on_device
+    def lookup_bags(
+        self,
+        keys: Any,
+        bags: Bags,
+        min_live_step: int,
+        defaults: tuple[int, int, float, float],
+        out: Any,
+    ) -> None:
+        """``CacheTier.lookup_bags``; with a device ``out``, combined on the device."""
+        if not isinstance(out, self._cp.ndarray):
+            ColumnCache.lookup_bags(self, keys, bags, min_live_step, defaults, out)
+            return
+        kind, seed, a, b = defaults
+        self.kernels.probe_gather_combine(
+            self.index.slots, self.values, self.last_step, self._dev(keys),
+            self._dev(bags.bounds), self._dev(bags.weights), min_live_step, bags.combiner,
+            bags.max_norm, kind, np.uint64(seed), a, b, out,
+        )  # fmt: skip
+
+    @_on_device
+    def pull_rows(self, rows: Any, counts: Any, step: int, version: int, out: Any) -> int:
+        """``CacheTier.pull_rows``; with a device ``out``, the rows are copied on the device
+        (``rows`` and ``counts``, key-sized, come from the host's bookkeeping)."""
+        if not isinstance(out, self._cp.ndarray):
+            return ColumnCache.pull_rows(self, rows, counts, step, version, out)
+        n = int(
+            self.kernels.stamp_gather_pulled(
+                self._dev(rows), self._dev(counts), step, version, int(FREQ_MAX), self.freq,
+                self.last_step, self.version, self.is_dirty, self.is_pinned, self.values, out,
+            )
+        )  # fmt: skip
+        pinned = rows if n == rows.shape[0] else rows[rows >= 0]
+        self._pinned_rows = np.concatenate([self._pinned_rows, pinned])
+        return n
+
+    @_on_device
+    def locate_on_device(self, keys: Any) -> Any:
+        """Row of each device key (a device array, -1 where absent)."""
+        return self.index.find(keys)
+
+    @_on_device
+    def gather_into(self, out: Any, at: Any, rows: Any) -> None:
+        """``out[at] = values[rows]`` on the device (rows just written into the tier)."""
+        if rows.shape[0]:
+            out[self._dev(at)] = self.values[self._dev(rows)]
 
     def stats(self) -> dict[str, Any]:
         with self._device_ctx():
@@ -202,6 +276,8 @@ class DeviceCache(ColumnCache):
                 "device_free_bytes": free,
                 "device_total_bytes": total,
                 "pinned_staging_bytes": self.staging.nbytes,
+                "key_bytes_to_host": self.key_bytes["to_host"],
+                "key_bytes_to_device": self.key_bytes["to_device"],
             }
 
 
