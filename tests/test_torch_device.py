@@ -4,6 +4,8 @@ CPU torch, so the "meta" device stands in for CUDA."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -26,3 +28,51 @@ def test_embeddings_follow_the_input_device_and_gradients_come_back(db) -> None:
     assert on_device_of(out, ["a", "b"]) is out  # a str table's keys carry no device
     out.sum().backward()  # the host graph is intact behind the copy
     np.testing.assert_array_equal(t.lookup([1, 2]), np.zeros((2, 3), np.float32))
+
+
+def _logging(count: Any, log: list[int]) -> Any:
+    """count_transfer, also appending each copy's bytes to log."""
+
+    def logged(direction: str, nbytes: int) -> None:
+        log.append(int(nbytes))
+        count(direction, nbytes)
+
+    return logged
+
+
+def test_a_device_table_trains_through_dlpack_without_moving_rows(
+    standin_cupy, tmp_path, monkeypatch
+) -> None:
+    """A table whose top tier is on device 0 and an input there (the stand-in's arrays are
+    host memory, so CPU tensors are "there" in CI): keys, weights and gradients go in and
+    embeddings come out through DLPack; forward + backward copy nothing row-sized, and the
+    result and the update equal those of the same module over emulated HBM on the host."""
+    from tests.cuda_cpu.cupy_standin import _state
+    from tests.cuda_cpu.device_kernels import require_standin, use_kernels
+
+    require_standin(standin_cupy)
+    use_kernels("cuda", standin_cupy, monkeypatch)
+    dim, rng = 16, np.random.default_rng(5)
+    start = rng.standard_normal((40, dim)).astype(np.float32)
+    keys = torch.from_numpy(rng.integers(0, 40, 24))
+    offsets = torch.tensor([0, 6, 6, 15])
+    weights = torch.from_numpy(rng.random(24).astype(np.float32)).requires_grad_()
+    results = {}
+    with evdb.open(tmp_path / "db") as db:
+        for device in ("cpu", 0):
+            t = db.create_table(f"t{device}", dim=dim, hbm_rows=64, device=device)
+            t.upsert(np.arange(40), start)
+            emb = EmbeddingBag(t, mode="sum")
+            emb(keys, offsets, weights).sum().backward()  # rows into HBM (promotions)
+            log: list[int] = []
+            with monkeypatch.context() as m:
+                m.setattr(_state, "count_transfer", _logging(_state.count_transfer, log))
+                w = weights.detach().clone().requires_grad_()
+                out = emb(keys, offsets, w)
+                (out * torch.arange(float(dim))).sum().backward()
+            results[device] = (out.detach().clone(), w.grad, t.lookup(np.arange(40)))
+            if device == 0:
+                assert log and max(log) <= 8 * keys.shape[0] < out.shape[0] * dim * 4 * 2
+                assert t.stats()["tiers"]["hbm"]["key_bytes_to_host"] > 0
+    for a, b in zip(results["cpu"], results[0], strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
