@@ -372,15 +372,20 @@ def _config(trace: Trace, config: TableConfig | None) -> TableConfig:
     return TableConfig.from_dict(trace.header.config)
 
 
-def candidate_rows(lru: LruCurve, *, extra: Sequence[int] = (), points: int = 12) -> list[int]:
+def candidate_rows(
+    lru: LruCurve, *, extra: Sequence[int] = (), points: int = 12, limit: int | None = None
+) -> list[int]:
     """Default sizes to simulate: ``points`` sizes spaced geometrically from 1/1000 of the
-    distinct keys (at least 16 rows) to all of them, the LRU curve's rows for the default
-    targets, and ``extra``."""
+    distinct keys (at least 16 rows) to all of them, or to ``limit`` rows where that is
+    fewer (an HBM tier above its DRAM tier's size), the LRU curve's rows for the default
+    targets (at most ``limit``), and ``extra``."""
     top = max(lru.distinct_estimate, 16)
-    grid = np.geomspace(max(16, top / 1000), top, points)
+    if limit is not None:
+        top = max(1, min(top, limit))
+    grid = np.geomspace(max(16, top / 1000), top, points) if top >= 16 else np.array([top])
     lru_rows = [lru.rows_for(t) for t in DEFAULT_TARGETS]
-    found = {round(x) for x in grid} | {r for r in lru_rows if r} | {int(r) for r in extra}
-    return sorted(r for r in found if r >= 1)
+    found = {round(x) for x in grid} | {r for r in lru_rows if r and r <= top}
+    return sorted(r for r in found | {int(r) for r in extra} if r >= 1)
 
 
 def size_table(
@@ -410,7 +415,10 @@ def size_table(
         current = conf.hbm.capacity_rows
     policy = None
     if simulate_policy:
-        sizes = list(rows) if rows else candidate_rows(lru, extra=[current] if current else [])
+        # an HBM tier's default grid stops at the DRAM tier's size (HBM caches DRAM's rows)
+        limit = conf.dram.capacity_rows if tier == "hbm" and conf is not None else None
+        extra = [current] if current else []
+        sizes = list(rows) if rows else candidate_rows(lru, extra=extra, limit=limit)
         if rows and current:
             sizes = sorted({*sizes, current})
         policy = simulate(trace, sizes, config=conf, tier=tier, progress=progress)

@@ -12,9 +12,9 @@ import numpy as np
 
 from evdb._types import Int64Array
 from evdb.errors import InvalidArgumentError
-from evdb.kernels.hashing import mix64_np
 from evdb.sizing_kernels import sample_threshold
 from evdb.trace import (
+    DEFAULT_MIN_KEYS,
     MAGIC,
     Trace,
     TraceHeader,
@@ -25,6 +25,7 @@ from evdb.trace import (
     read_trace,
     salt_of,
 )
+from evdb.trace_sample import FULL, key_hashes, threshold_of
 
 __all__ = ["open_trace", "read_key_log"]
 
@@ -38,17 +39,22 @@ def read_key_log(
     seed: int = 0,
     batch_keys: int = 4096,
     op: str = "pull",
+    min_keys: int = DEFAULT_MIN_KEYS,
 ) -> Trace:
     """A trace from a user's own log of keys: an ``.npy`` of keys, an ``.npz`` or a
     ``.parquet`` file (pyarrow) with a ``column`` of int keys and optionally a
     ``step_column`` of non-decreasing steps (one batch per step). Without steps, every
-    ``batch_keys`` keys are one batch at the next step. Keys are sampled at ``rate`` as a
-    ``KeyRecorder`` would."""
+    ``batch_keys`` keys are one batch at the next step. Keys are sampled as a
+    ``KeyRecorder(rate=rate, min_keys=min_keys)`` would have kept them: by key hash, at
+    ``rate`` raised to keep at least ``min_keys`` distinct keys (fixed-size SHARDS,
+    ``evdb.trace_sample``; 0: exactly ``rate``)."""
     p = Path(path)
     keys, steps = _load_log(p, column, step_column)
     if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
         raise InvalidArgumentError(f"{column!r} in {str(p)!r} must be 1-d ints, got {keys.dtype}")
     keys = keys.astype(np.int64, copy=False)
+    if isinstance(min_keys, bool) or not isinstance(min_keys, int) or min_keys < 0:
+        raise InvalidArgumentError(f"min_keys must be an int >= 0, got {min_keys!r}")
     if isinstance(batch_keys, bool) or not isinstance(batch_keys, int) or batch_keys < 1:
         raise InvalidArgumentError(f"batch_keys must be an int >= 1, got {batch_keys!r}")
     if steps is None:
@@ -63,13 +69,21 @@ def read_key_log(
                 f"{step_column!r} in {str(p)!r} must not decrease: row {first} has step "
                 f"{int(steps[first])} after {int(steps[first - 1])} (sort the log by step)"
             )
+    floor = sample_threshold(parse_rate(rate))
+    hashes = key_hashes(keys, salt_of(parse_seed(seed))) if floor < FULL else None
+    threshold = floor
+    if hashes is not None and min_keys > 0:  # the threshold a recorder would have ended at
+        smallest = np.unique(hashes)[:min_keys]
+        threshold = threshold_of(smallest, min_keys, floor)
     header = TraceHeader(
         "",
         None,
         config_digest(None),
-        parse_rate(rate),
-        parse_seed(seed),
+        rate if threshold == floor else threshold / FULL,
+        seed,
         p.suffix.lstrip(".") or "log",
+        min_keys=min_keys,
+        floor_rate=rate,
     )
     starts = np.flatnonzero(np.diff(steps, prepend=steps[:1] - 1) != 0) if steps.size else steps
     seen = np.diff(np.append(starts, keys.shape[0]))
@@ -77,8 +91,8 @@ def read_key_log(
     code = op_code(op)
     # what the table would count: a pull's distinct keys per batch, a lookup's positions
     counted = seen if code == 1 else _distinct_per_batch(keys, batch_of, starts.shape[0])
-    if rate < 1.0:
-        mask = _sample_mask(keys, seed, rate)
+    if hashes is not None and threshold < FULL:
+        mask = hashes < np.uint64(threshold)
         kept_per = np.bincount(batch_of[mask], minlength=starts.shape[0])
         keys = keys[mask]
     else:
@@ -98,12 +112,6 @@ def _distinct_per_batch(keys: Int64Array, batch_of: Int64Array, n_batches: int) 
     first = np.ones(k.shape[0], dtype=bool)
     first[1:] = (k[1:] != k[:-1]) | (b[1:] != b[:-1])
     return np.bincount(b[first], minlength=n_batches).astype(np.int64)
-
-
-def _sample_mask(keys: Int64Array, seed: int, rate: float) -> np.ndarray:
-    """Which keys ``sample_keys`` keeps (the same hash, as a mask: a log needs its batches)."""
-    h = mix64_np(keys.view(np.uint64) ^ np.uint64(salt_of(seed)))
-    return (h >> np.uint64(11)) < np.uint64(sample_threshold(rate))
 
 
 def _load_log(

@@ -11,7 +11,14 @@ import pytest
 
 import evdb
 from evdb.config import HbmConfig
-from evdb.sizing import MINIATURE_ROWS, simulate, size_table, size_thresholds
+from evdb.sizing import (
+    MINIATURE_ROWS,
+    candidate_rows,
+    lru_curve,
+    simulate,
+    size_table,
+    size_thresholds,
+)
 from evdb.trace import KeyRecorder, Trace, read_trace
 from evdb.trace_sample import FULL
 
@@ -68,6 +75,19 @@ def test_hbm_sizing_report(tmp_path: Path) -> None:
     with pytest.raises(evdb.InvalidArgumentError, match="HBM tier"):
         _train(tmp_path / "db2", tmp_path / "t2", steps=2, dram_rows=50)
         size_table(read_trace(tmp_path / "t2"), tier="hbm")
+
+
+def test_hbm_default_grid_stops_at_dram_rows(tmp_path: Path) -> None:
+    """An HBM tier caches DRAM's rows: its default sizes go up to dram_rows (150), not to
+    the trace's distinct keys (about 1,500), where the DRAM grid goes."""
+    _train(tmp_path / "db", tmp_path / "t", steps=20, **HBM)
+    tr = read_trace(tmp_path / "t")
+    hbm = size_table(tr, tier="hbm").to_dict()
+    rows = [c["hbm_rows"] for c in hbm["curve"]]
+    assert max(rows) == 150 and 40 in rows and len(rows) >= 10
+    dram = size_table(tr, simulate_policy=False)
+    assert dram.distinct > 1000  # the DRAM grid would have gone there
+    assert candidate_rows(lru_curve(tr))[-1] > 1000
 
 
 def _raised(trace: Trace, rate: float, floor: float) -> Trace:

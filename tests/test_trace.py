@@ -193,7 +193,7 @@ def test_user_key_logs(tmp_path: Path) -> None:
     assert tr.n_batches == 10 and tr.steps.tolist() == list(range(10))
     np.testing.assert_array_equal(tr.keys, keys)
     np.savez(tmp_path / "k.npz", key=keys, step=steps)
-    sampled = open_trace(tmp_path / "k.npz", rate=0.1, seed=5)
+    sampled = open_trace(tmp_path / "k.npz", rate=0.1, seed=5, min_keys=0)
     with KeyRecorder(tmp_path / "same", table="", rate=0.1, seed=5, min_keys=0) as rec:
         for s in range(100):
             rec.record("pull", keys[steps == s], s)
@@ -208,6 +208,29 @@ def test_user_key_logs(tmp_path: Path) -> None:
         read_key_log(tmp_path / "bad.npz")
     with pytest.raises(evdb.InvalidArgumentError, match="no array 'item'"):
         read_key_log(tmp_path / "k.npz", column="item")
+
+
+@pytest.mark.parametrize("min_keys", [500, 5_000, 50_000])
+def test_key_log_keeps_min_keys_as_a_recorder(tmp_path: Path, min_keys: int) -> None:
+    """A log read with ``min_keys`` keeps what a recorder with it would have, read back:
+    the same keys, batches and rates (the threshold raised to ``min_keys`` distinct keys,
+    the whole log when it has fewer, the floor when the rate alone keeps enough)."""
+    rng = np.random.default_rng(min_keys)
+    keys = (rng.zipf(1.2, 20_000) % 30_000).astype(np.int64)
+    steps = np.repeat(np.arange(200), 100)
+    np.savez(tmp_path / "k.npz", key=keys, step=steps)
+    log = read_key_log(tmp_path / "k.npz", rate=0.05, seed=3, min_keys=min_keys)
+    with KeyRecorder(tmp_path / "r", table="", rate=0.05, seed=3, min_keys=min_keys) as rec:
+        for s in range(200):
+            rec.record("pull", keys[steps == s], s)
+    want = read_trace(tmp_path / "r")
+    np.testing.assert_array_equal(log.keys, want.keys)
+    np.testing.assert_array_equal(log.bounds, want.bounds)
+    assert (log.header.rate, log.header.floor_rate) == (want.header.rate, 0.05)
+    distinct = np.unique(log.keys).shape[0]
+    assert distinct >= min(min_keys, np.unique(keys).shape[0]) or log.header.rate == 0.05
+    with pytest.raises(evdb.InvalidArgumentError, match="min_keys must be an int >= 0, got -1"):
+        read_key_log(tmp_path / "k.npz", rate=0.05, min_keys=-1)
 
 
 def test_parquet_key_log(tmp_path: Path) -> None:

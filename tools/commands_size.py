@@ -12,7 +12,7 @@ import evdb
 from evdb.config import TableConfig
 from evdb.sizing import DEFAULT_TARGETS, SizingReport, size_table
 from evdb.sizing_logs import open_trace
-from evdb.trace import read_trace
+from evdb.trace import DEFAULT_MIN_KEYS, read_trace
 
 from .exit_codes import EXIT_CODES
 from .output import json_option, print_json, print_pairs, print_table, progress_bar
@@ -65,6 +65,9 @@ def _ints(text: str | None) -> list[int]:
 @click.option("--step-column", default="step", show_default=True, help="Step column of a log.")
 @click.option("--rate", type=click.FloatRange(0, 1, min_open=True), default=1.0,
               show_default=True, help="Sampling rate applied to a key log.")  # fmt: skip
+@click.option("--min-keys", type=click.IntRange(0), default=DEFAULT_MIN_KEYS, show_default=True,
+              help="A key log's --rate is raised to keep this many distinct keys (0: exactly "
+              "--rate), as a recorder's is.")  # fmt: skip
 @click.option("--batch-keys", type=click.IntRange(1), default=4096, show_default=True,
               help="Keys per batch of a key log without steps.")  # fmt: skip
 @json_option
@@ -82,6 +85,7 @@ def cmd_size(
     column: str,
     step_column: str,
     rate: float,
+    min_keys: int,
     batch_keys: int,
     as_json: bool,
 ) -> None:
@@ -90,9 +94,9 @@ def cmd_size(
 
     TRACE is a file evdb.trace.KeyRecorder wrote (it names its table and configuration), or
     a user's key log: an .npy of keys, or an .npz or .parquet with a --column of keys and an
-    optional --step-column (sampled at --rate; a log needs --db and --table for the
-    simulation). Prints the DRAM rows each hit-rate target needs, the hit rate at the
-    table's current dram_rows, the curves, and TorchRec's mrc_hist_counts (with --json).
+    optional --step-column (sampled at --rate, raised for --min-keys; a log needs --db and
+    --table for the simulation). Prints the DRAM rows each hit-rate target needs, the hit
+    rate at the table's current dram_rows, the curves, and TorchRec's mrc_hist_counts (with --json).
     With --tier hbm, the same for the HBM tier of a table with hbm_rows, and the hit
     rates of both tiers at each size.
     """
@@ -104,6 +108,7 @@ def cmd_size(
         column=column,
         step_column=step_column,
         rate=rate,
+        min_keys=min_keys,
         batch_keys=batch_keys,
     )
     config = None
