@@ -183,6 +183,13 @@ class Table(TableUpkeep):
         ``counts`` (n,) int >= 1, optional, says how many occurrences each key stands for
         (admission and ``freq`` count them; 1 each by default): a shard's owner pulls the
         distinct keys of every rank with their counts (``evdb.distributed``).
+
+        Device keys (a cupy array, on a table whose HBM tier is on that device) give a batch
+        whose ``rows`` are a device array, stamped and gathered on the device, which its
+        ``combine`` and ``combine_backward`` keep there and whose ``push`` takes device
+        gradients (``evdb.tiers.device_path``). The keys themselves come to the host (8
+        bytes each, counted in the HBM tier's ``key_bytes_to_host``) for deduplication,
+        admission and the tiers' bookkeeping; rows cross only for misses (one batched upload).
         """
         self._db.check_writable()
         dp = self._device_path  # device keys: device rows (see evdb.tiers.device_path)

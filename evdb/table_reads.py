@@ -247,6 +247,12 @@ class TableReads:
         (n, dim) float32, each key's row or its default value where it has no live row; with
         offsets, (B, dim) float32, one combined vector per bag. One fused kernel probes,
         gathers and combines: no (n, dim) matrix is built for a bag lookup.
+
+        Device keys (a cupy array, on a table whose HBM tier is on that device) take the
+        device path (``evdb.tiers.device_path``): the result is a device array (``out`` and
+        ``weights`` must be device arrays too; ``found`` is not taken), gathered and combined
+        on the device; only where keys miss the HBM tier do they (8 bytes each) come to the
+        host, and the rows read below go up in one batched copy.
         """
         lock = self._rwlock
         fill = None  # keys of the rows a shared read found on disk, to promote alone
@@ -298,7 +304,7 @@ class TableReads:
         if dp is not None and dp.owns(keys):
             bag_args = (offsets, weights, combiner, max_norm)
             got: Float32Array = self._lookup_device(
-                keys, *bag_args, out, promote, found, min_live, later
+                keys, bag_args, out, promote, found, min_live, later
             )
             return got
         k = self._keys(keys)
@@ -355,7 +361,7 @@ class TableReads:
     def _device_keys(self, keys: Any) -> Any:
         """Device keys (the device path), checked: an int64 (n,) device array."""
         self._db.check_open()
-        if self._strings is not None or self.config.key_type == "str":
+        if self.config.key_type == "str":
             raise InvalidArgumentError(
                 f"keys: table {self.name!r} takes str keys, not a device array"
             )
@@ -363,18 +369,9 @@ class TableReads:
         return self._device_path.keys(keys)
 
     def _lookup_device(
-        self,
-        keys: Any,
-        offsets: Any,
-        weights: Any,
-        combiner: str | None,
-        max_norm: float | None,
-        out: Any,
-        promote: bool,
-        found: Any,
-        min_live: int,
-        later: list[Int64Array] | None,
-    ) -> Any:
+        self, keys: Any, bag_args: tuple[Any, Any, str | None, float | None], out: Any,
+        promote: bool, found: Any, min_live: int, later: list[Int64Array] | None,
+    ) -> Any:  # fmt: skip
         """``_lookup`` of device keys into a device ``out`` (see ``evdb.tiers.device_path``):
         the top tier probes and gathers (and combines bags) on the device; only where keys
         miss do they come to the host, and the rows read below go up in one batched copy."""
@@ -386,28 +383,18 @@ class TableReads:
         n = int(k.shape[0])
         if self._recorder is not None:
             self._recorder.record("lookup", dp.keys_to_host(k), self._db.step)
-        plain = offsets is None and weights is None and combiner is None and max_norm is None
-        bags = None if plain else dp.bags(n, offsets, weights, combiner, max_norm)
+        bags = None if all(a is None for a in bag_args) else dp.bags(n, *bag_args)
         out = dp.check_out(out, (n if bags is None else bags.n_bags, self.dim))
         top = dp.tier
         if bags is not None:
             if self._chain.has_rows_below and bool((top.locate_on_device(k) < 0).any()):
                 # Some rows may be below: read them all (on the device where resident), then
                 # combine on the device (the fused kernel reads the top tier only).
-                values = self._lookup_device(
-                    k, None, None, None, None, None, promote, None, min_live, later
-                )
-                with dp.context():
-                    positions = dp.cp.arange(n, dtype=np.int64)
-                    top.kernels.gather_combine(
-                        values, positions, bags.bounds, bags.weights, bags.combiner,
-                        bags.max_norm, out,
-                    )  # fmt: skip
-                return out
+                values = self._lookup_device(k, (None,) * 4, None, promote, None, min_live, later)
+                return dp.combine(values, bags, out)
             top.lookup_bags(k, bags, min_live, self._default_params(), out)
             return out
-        with dp.context():
-            rows_dev = dp.cp.empty(n, dtype=np.int64)
+        rows_dev = dp.empty_keys(n)
         missing = top.lookup(k, min_live, out, rows_dev)
         self._chain.count_cache_reads(n - missing, missing, "lookup")
         if missing:

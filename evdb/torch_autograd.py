@@ -30,6 +30,7 @@ from evdb.tiers.device_path import DevicePath
 __all__ = ["AnyTable", "embed", "embed_grouped", "on_device_of"]
 
 AnyTable = Table | ShardedTable  # what the modules take: a table, or a sharded one
+_DL_CPU, _DL_CUDA = 1, 2  # DLPack's device types (DLDeviceType kDLCPU, kDLCUDA)
 
 
 class _PullCombine(torch.autograd.Function):
@@ -112,8 +113,11 @@ def device_path_for(table: AnyTable, like: Any) -> DevicePath | None:
     dp = getattr(table, "device_path", None)
     if dp is None or not isinstance(like, torch.Tensor):
         return None
-    where = tuple(int(x) for x in like.__dlpack_device__())
-    return dp if where == tuple(int(x) for x in dp.dlpack_device) else None
+    kind, index = (int(x) for x in dp.dlpack_device)
+    if kind == _DL_CPU:  # arrays in host memory (the CI stand-in's): a CPU tensor is there
+        return dp if like.device.type == "cpu" else None
+    on = like.device.type == "cuda" and like.device.index == index
+    return dp if kind == _DL_CUDA and on else None
 
 
 def _device_keys(dp: DevicePath, keys: np.ndarray) -> Any:

@@ -76,3 +76,19 @@ def test_a_device_table_trains_through_dlpack_without_moving_rows(
                 assert t.stats()["tiers"]["hbm"]["key_bytes_to_host"] > 0
     for a, b in zip(results["cpu"], results[0], strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+
+
+def test_the_device_path_is_taken_where_the_input_is_on_the_tables_device(standin_cupy, db) -> None:
+    """By DLPack's device tag: the stand-in's arrays are host memory, so a CPU tensor is on
+    its device (a real cupy's need a CUDA tensor of the tier's device); a meta tensor, a str
+    table's keys, or a table whose top tier is on the host take the host path."""
+    from evdb.torch_autograd import device_path_for
+
+    on_device = db.create_table("d", dim=2, hbm_rows=8, device=0)
+    on_host = db.create_table("h", dim=2, hbm_rows=8, device="cpu")
+    keys = torch.tensor([1, 2])
+    expected = on_device.device_path if getattr(standin_cupy, "STANDIN", False) else None
+    assert device_path_for(on_device, keys) is expected
+    assert device_path_for(on_device, keys.to("meta")) is None
+    assert device_path_for(on_device, ["a"]) is None
+    assert on_host.device_path is None and device_path_for(on_host, keys) is None

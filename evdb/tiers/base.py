@@ -101,7 +101,9 @@ class CacheTier(Tier):
     Rows are named by handles (int64, -1 = none) that ``locate`` and ``insert`` hand out: a
     handle stays valid while ``frees`` is unchanged. Every array crosses the boundary as an
     argument or a result, on the host: a tier never exposes its columns, so the same table
-    runs over numpy columns with the cpu kernels or device columns with the gpu kernels.
+    runs over numpy columns with the cpu kernels or device columns with the gpu kernels. (A
+    tier on a CUDA device also takes device ``out`` buffers and gradients, and then leaves
+    the rows there: the table's device path, ``evdb.tiers.device_path``.)
     """
 
     frees: int  # calls that freed rows; a handle taken before is valid while this holds

@@ -142,6 +142,19 @@ class DevicePath:
         with self.context():
             return self.cp.empty((n, dim), dtype=np.float32)
 
+    def empty_keys(self, n: int) -> Any:
+        with self.context():
+            return self.cp.empty(n, dtype=np.int64)
+
+    def combine(self, values: Any, bags: Bags, out: Any) -> Any:
+        """Bags of per-key device rows (n, dim) combined into out (B, dim) on the device."""
+        with self.context():
+            positions = self.cp.arange(values.shape[0], dtype=np.int64)
+            self.tier.kernels.gather_combine(
+                values, positions, bags.bounds, bags.weights, bags.combiner, bags.max_norm, out
+            )
+        return out
+
     def check_out(self, out: Any, shape: tuple[int, int]) -> Any:
         """A lookup's out buffer: a device float32 C-contiguous array of shape."""
         if out is None:

@@ -14,6 +14,9 @@ host arrays crossing it: each array crosses as one copy through a reused pinned 
 (``PinnedStaging``), so a promotion or a write-back of n rows is a few copies (one per
 column), never one per row. Creating the tier checks its size at capacity against the
 device's free memory (``ConfigError`` with both numbers); there is no fallback to the CPU.
+Given device arrays instead (``lookup``, ``lookup_bags`` and ``pull_rows`` with a device
+``out``, ``apply`` with device gradients), the rows stay on the device: the table's device
+path (``evdb.tiers.device_path``), whose key-sized copies the tier counts in its stats.
 
 ``device="cpu"``: **emulated HBM**, the HBM caching logic on the CPU, for tests. The rows live
 in numpy columns and the cpu kernels run on them, as in the DRAM tier; what the emulation
