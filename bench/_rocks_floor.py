@@ -65,23 +65,21 @@ def _items(cf: Any) -> Iterator[list[tuple[bytes, bytes]]]:
 
 
 def same_store_replays(tier: Any, calls: list[list[bytes]]) -> list[Replay]:
-    """The calls replayed on the tier's own column family, call by call in turn (so both
-    sides meet the same caches and the same machine): through ``RocksTier.get`` (keys
-    decoded first, untimed), and as bare multi-gets, with default and with the tier's read
-    options."""
+    """The calls replayed on the tier's own column family, each call by every side in turn
+    (so all meet the same machine; which side goes first, and so reads the blocks into
+    RocksDB's block cache, rotates): through ``RocksTier.get`` (keys decoded first, untimed),
+    and as bare multi-gets with default and with the tier's read options."""
     cf, opts = tier.cf, store_options.read_options()
     sides = [
         Replay("RocksTier.get, replayed", 0, 0, 0),
         Replay("bare multi-get, evdb's column family", 0, 0, 0),
         Replay("  the same, the tier's read options", 0, 0, 0),
     ]
-    for call in calls:
+    reads = (tier.get, cf.get, lambda c: cf.get(c, read_opt=opts))
+    for i, call in enumerate(calls):
         keys = decode_keys(b"".join(call))
-        for side, read in zip(
-            sides,
-            (tier.get, cf.get, lambda c: cf.get(c, read_opt=opts)),
-            strict=True,
-        ):
+        for j in range(len(sides)):  # each side first in turn: the first one warms the caches
+            side, read = sides[(i + j) % len(sides)], reads[(i + j) % len(sides)]
             arg = keys if side is sides[0] else call
             t0 = time.thread_time_ns()
             got = read(arg)

@@ -122,6 +122,7 @@ class Run:
     parts: dict[str, Timed] = field(default_factory=lambda: {k: Timed() for k, _ in READ_PARTS})
     put: Timed = field(default_factory=Timed)
     found: int = 0  # rows the RocksDB tier found over the timed steps
+    filtered: int = 0  # keys its key filter ruled out (not asked of RocksDB)
     calls: list[list[bytes]] = field(default_factory=list)  # the multi-gets' keys
     floor: list[Replay] = field(default_factory=list)
 
@@ -134,14 +135,15 @@ def instrument(t: evdb.Table, run: Run) -> None:
     """Time the read path's parts (and the put) of t's RocksDB tier on the calling thread,
     and record the keys of every multi-get."""
     tier, chain, parts = rocks_tier(t), t._chain, run.parts
-    multi_get = tier._multi_get
+    if hasattr(tier, "_multi_get"):  # (evdb before issue 32 has no such parts: not timed)
+        multi_get = tier._multi_get
 
-    def recorded(encoded: list[bytes]) -> list[Any]:
-        run.calls.append(list(encoded))
-        return multi_get(encoded)
+        def recorded(encoded: list[bytes]) -> list[Any]:
+            run.calls.append(list(encoded))
+            return multi_get(encoded)
 
-    tier._multi_get = parts["multi_get"].wrap(recorded)  # type: ignore[method-assign]
-    tier._decode = parts["decode"].wrap(tier._decode)  # type: ignore[method-assign]
+        tier._multi_get = parts["multi_get"].wrap(recorded)  # type: ignore[method-assign]
+        tier._decode = parts["decode"].wrap(tier._decode)  # type: ignore[method-assign]
     tier.filter.may_contain = parts["filter"].wrap(tier.filter.may_contain)  # type: ignore[method-assign]
     tier.put = run.put.wrap(tier.put)  # type: ignore[method-assign]
     chain.fetch = parts["fetch"].wrap(chain.fetch)  # type: ignore[method-assign]
@@ -165,7 +167,7 @@ def instrument(t: evdb.Table, run: Run) -> None:
                 parts["encode"].keys += keys.shape[0]
 
     tier.get = parts["get"].wrap(get_flagged)  # type: ignore[method-assign]
-    rocks.encode_keys = encode_timed  # type: ignore[assignment]
+    rocks.encode_keys = encode_timed
 
 
 def uninstrument(t: evdb.Table) -> None:
@@ -198,7 +200,7 @@ def train(
                 if i == args.train_warmup:
                     if dram_rows is not None:  # the timed steps' RocksDB calls only
                         instrument(t, run)
-                        hits0 = rocks_tier(t).counters["hits"]
+                        counters0 = dict(rocks_tier(t).counters)
                     cpu0, wall0 = thread_cpu(), time.perf_counter()
                 t0 = time.perf_counter()
                 p = t.pull(b)
@@ -211,9 +213,12 @@ def train(
             run.cpu = {g: s / n for g, s in by_group(cpu0, cpu1).items()}
             if dram_rows is not None:
                 uninstrument(t)
-                run.found = rocks_tier(t).counters["hits"] - hits0
-                log(f"  {name}: replaying {len(run.calls)} multi-gets bare (the floor)")
-                run.floor = floor_replays(rocks_tier(t), run.calls, args.tmpdir)
+                counters = rocks_tier(t).counters
+                run.found = counters["hits"] - counters0["hits"]
+                run.filtered = counters["filtered"] - counters0["filtered"]
+                if run.calls:
+                    log(f"  {name}: replaying {len(run.calls)} multi-gets bare (the floor)")
+                    run.floor = floor_replays(rocks_tier(t), run.calls, args.tmpdir)
             db.drop_table("bench")  # close() then has no rows to write
         finally:
             db.close()
@@ -279,7 +284,7 @@ def report(b: Run, a: Run, args: argparse.Namespace) -> None:
 def report_reads(a: Run, args: argparse.Namespace) -> None:
     """Run A's reads from RocksDB: the calling thread's CPU per key asked of RocksDB, split
     into its parts, beside the bare multi-gets of the same keys."""
-    asked = a.parts["multi_get"].keys  # keys that passed the key filter, asked of RocksDB
+    asked = a.get.keys - a.filtered  # keys that passed the key filter, asked of RocksDB
     if not asked:
         return
     n = args.train_steps
@@ -297,6 +302,8 @@ def report_reads(a: Run, args: argparse.Namespace) -> None:
     for r in a.floor:
         rows.append([r.name, f"{r.ns_per_key / 1e3:.2f}", f"{r.cpu_ns / n / 1e6:.3f}"])
     print_table(["part", "us per key", "ms a step"], rows, first_left=1)
+    if not a.floor:
+        return
     replayed, bare = a.floor[0], a.floor[1:]
     best = min(bare, key=lambda r: r.ns_per_key)
     in_run = a.get.cpu * 1e9 / asked / best.ns_per_key
