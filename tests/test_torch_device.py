@@ -92,3 +92,39 @@ def test_the_device_path_is_taken_where_the_input_is_on_the_tables_device(standi
     assert device_path_for(on_device, keys.to("meta")) is None
     assert device_path_for(on_device, ["a"]) is None
     assert on_host.device_path is None and device_path_for(on_host, keys) is None
+
+
+def test_a_collection_over_a_device_table_trains_as_over_emulated_hbm(
+    standin_cupy, tmp_path, monkeypatch
+) -> None:
+    """EmbeddingBagCollection: two features sharing a device table (their keys concatenated
+    on the host, uploaded once) and one of their own, trained as over emulated HBM."""
+    from evdb.torch import EmbeddingBagCollection
+    from tests.cuda_cpu.device_kernels import require_standin, use_kernels
+
+    require_standin(standin_cupy)
+    use_kernels("cuda", standin_cupy, monkeypatch)
+    rng = np.random.default_rng(6)
+    start = rng.standard_normal((30, 4)).astype(np.float32)
+    feats = {
+        name: (torch.from_numpy(rng.integers(0, 30, 9)), torch.tensor([0, 4, 4]))
+        for name in ("x", "y", "z")
+    }
+    results = []
+    with evdb.open(tmp_path / "db") as db:
+        for device in ("cpu", 0):
+            shared, own = (
+                db.create_table(f"{name}{device}", dim=4, hbm_rows=32, device=device)
+                for name in ("s", "o")
+            )
+            for t in (shared, own):
+                t.upsert(np.arange(30), start)
+            ebc = EmbeddingBagCollection({"x": shared, "y": shared, "z": own}, mode="mean")
+            for _ in range(2):
+                out = ebc(feats)
+                sum((o * (i + 1)).sum() for i, o in enumerate(out.values())).backward()
+            results.append([out[n].detach() for n in "xyz"] + [shared.lookup(np.arange(30))])
+            if device == 0:
+                assert shared.stats()["tiers"]["hbm"]["key_bytes_to_device"] > 0
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
