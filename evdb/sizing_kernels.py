@@ -32,11 +32,13 @@ from evdb._types import Int64Array
 from evdb.kernels.hashing import mix64_np
 
 __all__ = [
+    "SPARSE_THRESHOLD",
     "THRESHOLD_BITS",
     "sample_hashed_into",
     "sample_into",
     "sample_keys",
     "sample_keys_reference",
+    "sample_sparse_into",
     "sample_threshold",
     "smallest_add",
     "stack_distances",
@@ -87,11 +89,48 @@ def sample_into(keys, salt, threshold, out):  # type: ignore[no-untyped-def]
     return n
 
 
+# At low rates, two passes: the hashes alone (a loop the compiler vectorises: 3.5 us for 8,192
+# keys with AVX-512), then a branch per key, rarely taken so well predicted: 5.3 against 7.5
+# us for sample_into at rate 0.01 (64 batches of 8,192 Zipf keys). At rate 0.38 the branch
+# mispredicts and the pair costs 8.5 us: sample_into stays above SPARSE_THRESHOLD.
+SPARSE_THRESHOLD = 1 << (THRESHOLD_BITS - 5)  # rate 1/32
+
+
+@njit(nogil=True, cache=True)
+def _hash_into(keys, salt, hashes):  # type: ignore[no-untyped-def]
+    for i in range(keys.shape[0]):
+        x = np.uint64(keys[i]) ^ salt
+        x ^= x >> _S30
+        x *= _M1
+        x ^= x >> _S27
+        x *= _M2
+        x ^= x >> _S31
+        hashes[i] = x >> _SHIFT
+
+
+@njit(nogil=True, cache=True)
+def sample_sparse_into(keys, salt, threshold, out, scratch):  # type: ignore[no-untyped-def]
+    """``sample_into`` for a threshold under ``SPARSE_THRESHOLD``: the same kept keys, with
+    ``scratch`` (at least n,) uint64 for the hashes."""
+    _hash_into(keys, salt, scratch)
+    n = 0
+    for i in range(keys.shape[0]):
+        if scratch[i] < threshold:
+            out[n] = keys[i]
+            n += 1
+    return n
+
+
 def sample_keys(keys: Int64Array, salt: int, threshold: int) -> Int64Array:
-    """``sample_keys_reference`` in one numba pass (a new array; keys is not changed)."""
+    """``sample_keys_reference`` in numba (a new array; keys is not changed): one pass, or
+    two below ``SPARSE_THRESHOLD`` (``sample_sparse_into``)."""
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     out = np.empty(keys.shape[0], dtype=np.int64)
-    n = sample_into(keys, np.uint64(salt), np.uint64(threshold), out)
+    if threshold < SPARSE_THRESHOLD:
+        scratch = np.empty(keys.shape[0], dtype=np.uint64)
+        n = sample_sparse_into(keys, np.uint64(salt), np.uint64(threshold), out, scratch)
+    else:
+        n = sample_into(keys, np.uint64(salt), np.uint64(threshold), out)
     return out[:n].copy() if n < keys.shape[0] // 2 else out[:n]
 
 

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 import evdb
-from evdb.sizing_kernels import sample_keys, sample_keys_reference, sample_threshold
+from evdb.sizing_kernels import (
+    sample_into,
+    sample_keys,
+    sample_keys_reference,
+    sample_sparse_into,
+    sample_threshold,
+)
 from evdb.sizing_logs import open_trace, read_key_log
 from evdb.trace import KeyRecorder, read_trace
 
@@ -49,6 +55,14 @@ def test_sampling_kernel_matches_reference(seed: int) -> None:
         np.testing.assert_array_equal(
             sample_keys(keys, seed, t), sample_keys_reference(keys, seed, t)
         )
+    for rate in (1e-4, 0.01, 0.03):  # both kernels, at rates either would take
+        t = sample_threshold(rate)
+        dense, sparse = np.empty_like(keys), np.empty_like(keys)
+        n = sample_into(keys, np.uint64(seed), np.uint64(t), dense)
+        scratch = np.empty(keys.shape[0], dtype=np.uint64)
+        m = sample_sparse_into(keys, np.uint64(seed), np.uint64(t), sparse, scratch)
+        np.testing.assert_array_equal(sparse[:m], dense[:n])
+        np.testing.assert_array_equal(sparse[:m], sample_keys_reference(keys, seed, t))
     strided = keys[::3]  # a view of the caller's array, not contiguous
     t = sample_threshold(0.3)
     np.testing.assert_array_equal(sample_keys(strided, 7, t), sample_keys_reference(strided, 7, t))
