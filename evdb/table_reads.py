@@ -152,6 +152,11 @@ class TableReads:
         self._recorder = recorder
 
     @property
+    def database(self) -> Database:
+        """The database this table belongs to (as ``ShardedTable.database``)."""
+        return self._db
+
+    @property
     def step(self) -> int:
         """The database's global step (what TTL and ``last_step`` count in)."""
         return self._db.step

@@ -61,7 +61,7 @@ AnyDatabase = Database | ShardedDatabase
 
 
 def _table_database(table: Table | ShardedTable) -> AnyDatabase:
-    db = getattr(table, "database", None)  # ShardedTable.database; Table's where it has one
+    db = getattr(table, "database", None)  # Table.database, ShardedTable.database
     if not isinstance(db, Database | ShardedDatabase):
         raise InvalidArgumentError(
             f"tables: the module's table {table.name!r} does not say its database; pass the "

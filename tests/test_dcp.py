@@ -122,19 +122,21 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
         assert a[name] == b[name], name
 
 
-def test_dcp_save_then_load_in_place_resumes_bit_equal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", ["database", "module"])
+def test_dcp_save_then_load_in_place_resumes_bit_equal(tmp_path: Path, entry: str) -> None:
     db = evdb.open(tmp_path / "db")
     make_tables(db)
     model = Model(db)
     optim = torch.optim.Adam(model.parameters(), lr=0.01)
     train(db, model, optim, range(4))
     ckpt = tmp_path / "ckpt"
-    etc.save({"model": model, "optim": DenseOptim(model, optim), "tables": db}, ckpt)
+    tables = db if entry == "database" else model.emb  # the module finds its tables' database
+    etc.save({"model": model, "optim": DenseOptim(model, optim), "tables": tables}, ckpt)
     assert (ckpt / ".metadata").is_file() and (ckpt / "evdb" / "MANIFEST.json").is_file()
     first = train(db, model, optim, range(4, 9))
     after_first = state_of(db, model)
 
-    etc.load({"model": model, "optim": DenseOptim(model, optim), "tables": db}, ckpt)
+    etc.load({"model": model, "optim": DenseOptim(model, optim), "tables": tables}, ckpt)
     assert db.step == 4
     second = train(db, model, optim, range(4, 9))
     assert first == second
