@@ -63,6 +63,11 @@ def _integer_array(keys: Any, arg: str) -> Int64Array:
         arr = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
     except OverflowError:
         arr = np.asarray(keys, dtype=object)
+    except TypeError as exc:  # cupy refuses an implicit copy to the host
+        raise InvalidTypeError(
+            f"{arg}: a {type(keys).__module__}.{type(keys).__name__} cannot be read as host "
+            f"keys ({exc}); device arrays need a table whose HBM tier is on their device"
+        ) from exc
     if arr.ndim != 1:
         raise InvalidArgumentError(f"{arg} must be 1-D, got shape {arr.shape}")
     if not isinstance(keys, np.ndarray) and arr.dtype.kind not in "iu" and arr.size:

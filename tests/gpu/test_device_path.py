@@ -176,3 +176,14 @@ def test_host_arrays_given_to_the_device_path_are_refused(cp, tmp_path) -> None:
         np.testing.assert_array_equal(t.lookup(np.array([1, 2, 3])), rows - 1)
         with pytest.raises(InvalidArgumentError, match=r"^keys must be 1-D"):
             t.lookup(cp.asarray(np.ones((2, 2), np.int64)))
+
+
+def test_device_keys_given_to_a_table_without_a_device_tier_are_refused(cp, tmp_path) -> None:
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("t", dim=DIM)  # DRAM only: its rows are host memory
+        keys = cp.asarray(np.array([1, 2, 3]))
+        with pytest.raises(evdb.errors.InvalidTypeError, match=r"^keys: .*HBM tier is on their"):
+            t.lookup(keys)
+        with pytest.raises(evdb.errors.InvalidTypeError, match=r"^keys: "):
+            t.pull(keys)
+        assert len(t) == 0
