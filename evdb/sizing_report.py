@@ -19,11 +19,13 @@ __all__ = ["MIN_MINIATURE_ROWS", "MIN_SAMPLED_KEYS", "SizingReport"]
 # trust (SHARDS' fixed-size variant keeps 8K; at 1K the ATC'17 miniatures were within ~1 point
 # on the traces it measured). The report says so instead of hiding it.
 MIN_SAMPLED_KEYS = 1000
-# A miniature cache smaller than this answers with a spread of a few points: which of the hot
-# keys the sample kept decides how much of its few rows the rest gets (Zipf(1.1), 2M accesses,
-# 1%: 5,000 rows as a 50-row miniature, four seeds from -5.3 to +1.4 points; 20,000 rows as 200,
-# within 0.9). A recorder's min_keys raises the rate where the key space allows.
-MIN_MINIATURE_ROWS = 200
+# A miniature cache smaller than this answers with a spread of a point or more: which keys
+# near the cache's edge the sample kept decides how much of its few rows the rest gets. Zipf
+# (1.1), 10M accesses, 5,000 rows against the unsampled simulation: as ~290-row miniatures
+# (min_keys=32,768), eight hash seeds from -2.27 to +0.63 points (mean -0.64, sd 0.99); as
+# ~1,160-row ones (min_keys=131,072), six seeds from -1.26 to +0.21 (sd 0.48); at 30M
+# accesses a 193-row one was 2.72 low. 2M accesses at 1%: 50 rows, -5.3 to +1.4.
+MIN_MINIATURE_ROWS = 1000
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class SizingReport:
             small = int(self.policy.rows[small_mini].max())
             out.append(
                 f"sizes up to {small:,} rows were simulated with miniatures of fewer than "
-                f"{MIN_MINIATURE_ROWS} rows: their hit rates may be off by a few points "
+                f"{MIN_MINIATURE_ROWS:,} rows: their hit rates may be off by a point or more "
                 f"(record at a rate of at least {MIN_MINIATURE_ROWS / max(small, 1):.2g}, or "
                 "with a larger min_keys, to size them)"
             )

@@ -10,7 +10,7 @@ import click
 
 import evdb
 from evdb.config import TableConfig
-from evdb.sizing import DEFAULT_TARGETS, SizingReport, size_table
+from evdb.sizing import DEFAULT_TARGETS, MIN_MINIATURE_ROWS, SizingReport, size_table
 from evdb.sizing_logs import open_trace
 from evdb.trace import DEFAULT_MIN_KEYS, read_trace
 
@@ -194,7 +194,10 @@ def _print(r: dict[str, Any]) -> None:
             ],
         )  # fmt: skip
     if any(not c["reliable"] for c in r["curve"]):
-        click.echo("* a miniature of fewer than 200 rows: off by a few points (see the warning)")
+        click.echo(
+            f"* a miniature of fewer than {MIN_MINIATURE_ROWS:,} rows: off by a point or more "
+            "(see the warning)"
+        )
     for w in r["warnings"]:
         click.echo(f"warning: {w}", err=True)
 
