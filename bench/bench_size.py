@@ -270,8 +270,10 @@ def bench_zipf(args: argparse.Namespace) -> float:
 def bench_speed(args: argparse.Namespace, unsampled_per_access: float | None) -> None:
     """A ``--speed-accesses`` Zipf(1.1) trace generated and recorded in chunks (never all in
     memory), analysed at 3 sizes; the unsampled baseline at that length is the Zipf part's
-    unsampled simulation time per access times the length (the replay is linear in it)."""
-    if unsampled_per_access is None:
+    unsampled simulation time per access times the length (the replay is linear in it), or
+    with ``--speed-unsampled`` the unsampled simulation of this trace, run (its keys kept in
+    an .npy on disk as they are drawn, n x 8 bytes, then read whole)."""
+    if unsampled_per_access is None and not args.speed_unsampled:
         print("\n## Analysis speed at --speed-accesses: skipped (needs the zipf part's baseline)")
         return
     n, chunk = args.speed_accesses, 10_000_000
@@ -281,6 +283,10 @@ def bench_speed(args: argparse.Namespace, unsampled_per_access: float | None) ->
         dim=DIM, admission=evdb.admission.Counter(min_count=2), ttl_steps=100, hbm=None
     )
     t_record = 0.0
+    sizes = [5_000, 20_000, 80_000]
+    log_keys = None
+    if args.speed_unsampled:
+        log_keys = np.lib.format.open_memmap(work / "full.npy", "w+", np.int64, (n,))
     for name, min_keys in (("zipf", DEFAULT_MIN_KEYS), ("fixed", 0)):
         rng = np.random.default_rng(3)
         with KeyRecorder(work / f"{name}.trace", table="item", config=conf, rate=args.rate,
@@ -289,6 +295,8 @@ def bench_speed(args: argparse.Namespace, unsampled_per_access: float | None) ->
             for start in range(0, n, chunk):
                 log(f"speed: {name}: recording accesses {start:,}..")
                 keys = zipf_keys(rng, min(chunk, n - start))
+                if log_keys is not None and name == "zipf":
+                    log_keys[start : start + keys.shape[0]] = keys
                 for b in batches_of(keys, args.batch):
                     counted = np.unique(b).shape[0]
                     t0 = time.perf_counter()
@@ -300,25 +308,53 @@ def bench_speed(args: argparse.Namespace, unsampled_per_access: float | None) ->
         log(f"speed: analysing the {name} trace")
         t0 = time.perf_counter()
         tr = read_trace(work / f"{name}.trace")
-        size_table(tr, rows=[5_000, 20_000, 80_000])
+        report = size_table(tr, rows=sizes)
         secs = time.perf_counter() - t0
-        out.append((name, tr.header.rate, tr.keys.shape[0], secs))
+        assert report.policy is not None
+        hit = report.policy.hit_rate()[np.isin(report.policy.rows, sizes)]
+        out.append((name, tr.header.rate, tr.keys.shape[0], secs, hit))
+    unsampled = None
+    if log_keys is not None:
+        log_keys.flush()
+        del log_keys
+        full = read_key_log(work / "full.npy", batch_keys=args.batch)
+        log("speed: unsampled simulation")
+        t0 = time.perf_counter()
+        unsampled = simulate(full, sizes, config=conf).hit_rate()
+        base = time.perf_counter() - t0
+        del full
+        how = "run in this process"
+    else:
+        assert unsampled_per_access is not None
+        base = unsampled_per_access * n
+        how = (
+            f"extrapolated linearly from the Zipf part's ({unsampled_per_access * 1e6:.2f} us "
+            f"per access; --speed-unsampled runs it)"
+        )
     shutil.rmtree(work, ignore_errors=True)
-    base = unsampled_per_access * n
     print(f"\n## Analysis speed: a {n:,}-access trace, 3 sizes")
     print(
-        f"baseline: the unsampled simulation of this length, extrapolated linearly from the "
-        f"Zipf part's ({unsampled_per_access * 1e6:.2f} us per access; not run at this length "
-        f"on 2 shared cores). Recording both traces: {t_record:.1f} s in record()."
+        f"baseline: the unsampled simulation of this trace, {how}. Recording both traces: "
+        f"{t_record:.1f} s in record()."
     )
-    rows = [["unsampled simulation (baseline, extrapolated)", f"{base:.1f}", "1.00x"]]
-    for name, rate, kept_keys, secs in out:
+    label = "measured" if unsampled is not None else "extrapolated"
+    rows = [[f"unsampled simulation (baseline, {label})", f"{base:.1f}", "1.00x"]]
+    for name, rate, kept_keys, secs, _ in out:
         label = "default trace" if name == "zipf" else f"fixed rate {args.rate:g}"
         rows.append(
             [f"analysis, {label} (rate {rate:.4f}, {kept_keys:,} keys)", f"{secs:.1f}",
              f"{base / secs:.1f}x faster"]
         )  # fmt: skip
     print_table(["", "seconds", "ratio"], rows, first_left=1)
+    if unsampled is not None:
+        print(f"\nhit rates at this length (default trace, fixed {args.rate:g}, unsampled):")
+        print_table(
+            ["dram_rows", "default", "error (pts)", f"fixed {args.rate:g}", "error (pts)",
+             "unsampled"],
+            [[f"{r:,}", pct(out[0][4][j]), pts(out[0][4][j] - unsampled[j]),
+              pct(out[1][4][j]), pts(out[1][4][j] - unsampled[j]), pct(unsampled[j])]
+             for j, r in enumerate(sizes)],
+        )  # fmt: skip
 
 
 # -- MovieLens ------------------------------------------------------------------------------
@@ -407,6 +443,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="overhead: rounds of 64 steps")
     parser.add_argument(
         "--speed-accesses", type=int, default=0, help="speed: a trace this long (0: skip)"
+    )
+    parser.add_argument(
+        "--speed-unsampled",
+        action="store_true",
+        help="speed: run the unsampled simulation at --speed-accesses (not extrapolate it)",
     )
     parser.add_argument("--skip", nargs="*", default=[], choices=["overhead", "zipf", "movielens"])
     args = parser.parse_args()
