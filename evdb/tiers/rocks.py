@@ -26,7 +26,7 @@ from evdb.errors import CorruptDataError
 from evdb.records import RecordBatch, record_dtype
 from evdb.tiers.base import Tier
 from evdb.tiers.keyfilter import KeyFilter
-from evdb.tiers.store import Compression, RocksStore
+from evdb.tiers.store import Compression, RocksStore, rocks_error
 
 __all__ = ["RocksStrings", "RocksTier", "decode_keys", "encode_keys"]
 
@@ -259,7 +259,10 @@ class RocksTier(Tier):
 
     def _multi_get(self, encoded: list[Any]) -> list[Any]:
         """One multi-get of encoded keys (sorted), with the store's read options."""
-        got: list[Any] = self.cf.get(encoded, read_opt=self.store.read_options) or []
+        try:
+            got: list[Any] = self.cf.get(encoded, read_opt=self.store.read_options) or []
+        except Exception as e:  # rocksdict raises RocksDB's status as a plain Exception
+            raise rocks_error(self.store.path, f"read of {self.column_family!r}", e) from e
         return got
 
     def _decode(self, got: list[Any]) -> tuple[np.ndarray, BoolArray | None]:

@@ -125,3 +125,22 @@ def test_a_store_written_with_the_previous_options_reads_back_and_keeps_writing(
         assert_same(tier.get(keys[:20])[1], rows.take(np.r_[10:20, 10:20]))
     finally:
         new.close()
+
+
+def test_a_damaged_block_on_disk_is_a_corrupt_data_error_naming_the_store(tmp_path: Path) -> None:
+    import evdb
+
+    rng = np.random.default_rng(0)
+    keys = np.arange(20_000)
+    values = rng.standard_normal((keys.size, 8)).astype(np.float32)
+    with evdb.open(tmp_path / "db") as db:
+        db.create_table("t", dim=8, dram_rows=64).upsert(keys, values)
+    sst = max((tmp_path / "db" / "rocksdb").glob("*.sst"), key=lambda p: p.stat().st_size)
+    with open(sst, "r+b") as f:  # one byte flipped in the middle of the data blocks
+        f.seek(sst.stat().st_size // 3)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with evdb.open(tmp_path / "db") as db:
+        with pytest.raises(CorruptDataError, match=r"rocksdb: read of .*Corruption"):
+            db.table("t").lookup(keys)
