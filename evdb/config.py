@@ -22,6 +22,10 @@ Eviction = Literal["lfu", "lru"]
 DiskDtype = Literal["float32", "float16"]
 Compression = Literal["lz4", "zstd", "none"]
 HbmDevice = int | Literal["cpu"]
+RowDtype = Literal["float32", "bfloat16", "float16"]
+Rounding = Literal["stochastic", "nearest"]
+ROUNDINGS = ("stochastic", "nearest")
+ROW_DTYPES = ("float32", "bfloat16", "float16")  # the kernels' storage_dtype() choices
 MAX_DIM = 65536
 
 
@@ -167,6 +171,19 @@ class TableConfig:
     tier drops rows; they still persist at flush)."""
     hbm: HbmConfig | None = None
     """The HBM tier on top of DRAM; None = none (DRAM is the top tier)."""
+    dtype: RowDtype = "float32"
+    """How the cache tiers store row values: "float32", "bfloat16" or "float16" (half the
+    bytes; optimizer slots stay float32). Lookups and pulls still answer float32, and each
+    push computes in float64 and rounds the result on write (``rounding``). Fixed for the
+    table's life: changing it is an export/import round trip. For now a half-precision
+    table has no disk tier (``disk=None``) and no HBM tier on a CUDA device (emulated HBM,
+    ``device="cpu"``, is fine)."""
+    rounding: Rounding = "stochastic"
+    """How a half-precision row is rounded when a push writes it: "stochastic" (unbiased:
+    an update smaller than half a unit in the last place still moves the row on average;
+    the random bits are a function of (initializer seed, key, step, column), so runs
+    repeat) or "nearest" (to nearest even: such updates are lost). Upserts, imports and
+    new rows always round to nearest."""
 
     def __post_init__(self) -> None:
         if (
@@ -210,11 +227,37 @@ class TableConfig:
             raise ConfigError(
                 f"l2_threshold must be a finite number >= 0 or None, got {self.l2_threshold!r}"
             )
+        self._check_dtype()
         dv = self.default_value
         if dv != "init" and (
             isinstance(dv, bool) or not isinstance(dv, (int, float)) or not math.isfinite(dv)
         ):
             raise ConfigError(f"default_value must be 'init' or a finite number, got {dv!r}")
+
+    def _check_dtype(self) -> None:
+        if self.dtype not in ROW_DTYPES:
+            raise ConfigError(f"dtype: expected one of {ROW_DTYPES}, got {self.dtype!r}")
+        if self.rounding not in ROUNDINGS:
+            raise ConfigError(f"rounding: expected one of {ROUNDINGS}, got {self.rounding!r}")
+        if self.dtype == "float32":
+            return
+        if not self.optimizer.half_precision:
+            raise ConfigError(
+                f"optimizer: {type(self.optimizer).__name__} has no half-precision update, so "
+                f"a dtype={self.dtype!r} table cannot use it; use one of "
+                f"{_optim.HALF_PRECISION_NAMES}, or dtype='float32'"
+            )
+        if self.disk is not None:
+            raise ConfigError(
+                f"dtype={self.dtype!r} with a disk tier is not supported yet (its rows would "
+                "be widened to float32 on disk): pass disk=False (every row stays in DRAM and "
+                "persists at flush), or dtype='float32'"
+            )
+        if self.hbm is not None and self.hbm.device != "cpu":
+            raise ConfigError(
+                f"dtype={self.dtype!r} with an HBM tier on CUDA device {self.hbm.device} is "
+                "not supported yet: use dtype='float32', or hbm device='cpu' (emulated)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -238,6 +281,8 @@ class TableConfig:
             if self.disk is None
             else {"dtype": self.disk.dtype, "compression": self.disk.compression},
             "hbm": None if self.hbm is None else self.hbm.to_dict(),
+            "dtype": self.dtype,
+            "rounding": self.rounding,
         }
 
     @classmethod
@@ -255,4 +300,6 @@ class TableConfig:
             dram=DramConfig(**d["dram"]),
             disk=None if d["disk"] is None else DiskConfig(**d["disk"]),
             hbm=None if d.get("hbm") is None else HbmConfig(**d["hbm"]),  # absent before HBM
+            dtype=d.get("dtype", "float32"),  # absent before half-precision rows
+            rounding=d.get("rounding", "stochastic"),
         )

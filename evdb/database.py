@@ -26,6 +26,8 @@ from evdb.config import (
     DramConfig,
     HbmConfig,
     HbmDevice,
+    Rounding,
+    RowDtype,
     TableConfig,
     parse_hbm,
     parse_optional_int,
@@ -415,6 +417,8 @@ class Database:
         hbm_rows: int | None = None,
         device: HbmDevice | None = None,
         hbm: HbmConfig | None = None,
+        dtype: RowDtype = "float32",
+        rounding: Rounding = "stochastic",
     ) -> Table:
         """Create a table; see ``TableConfig`` for each option.
 
@@ -445,6 +449,8 @@ class Database:
             dram=DramConfig(capacity_rows=dram_rows) if dram is None else dram,
             disk=_parse_disk(disk),
             hbm=parse_hbm(hbm_rows, device, hbm),
+            dtype=dtype,
+            rounding=rounding,
         )
         if config.hbm is not None:  # before the table's column family is created
             require_device(config.hbm.device)

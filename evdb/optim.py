@@ -19,6 +19,7 @@ from evdb.errors import ConfigError
 from evdb.kernels import OptimizerKind as _rules
 
 __all__ = [
+    "HALF_PRECISION_NAMES",
     "SGD",
     "Adagrad",
     "AdagradDecay",
@@ -54,6 +55,9 @@ class Optimizer:
 
     kind: ClassVar[str] = ""
     code: ClassVar[int] = -1
+    half_precision: ClassVar[bool] = False
+    """Whether the rule has a fused update of half-precision rows (``segment_sum_apply_lowp``):
+    what a ``dtype="bfloat16"`` or ``"float16"`` table needs."""
     lr: float = 0.01
 
     def __post_init__(self) -> None:
@@ -88,6 +92,7 @@ class SGD(Optimizer):
 
     kind: ClassVar[str] = "sgd"
     code: ClassVar[int] = _rules.SGD
+    half_precision: ClassVar[bool] = True
     weight_decay: float = 0.0
     group_lasso: float = 0.0
 
@@ -108,6 +113,7 @@ class Adagrad(Optimizer):
 
     kind: ClassVar[str] = "adagrad"
     code: ClassVar[int] = _rules.ADAGRAD
+    half_precision: ClassVar[bool] = True
     initial_accumulator: float = 0.1
     eps: float = 1e-10
     weight_decay: float = 0.0
@@ -140,6 +146,7 @@ class Adam(Optimizer):
 
     kind: ClassVar[str] = "adam"
     code: ClassVar[int] = _rules.ADAM
+    half_precision: ClassVar[bool] = True
     lr: float = 0.001
     beta1: float = 0.9
     beta2: float = 0.999
@@ -246,6 +253,7 @@ class RowWiseAdagrad(Optimizer):
 
     kind: ClassVar[str] = "rowwise_adagrad"
     code: ClassVar[int] = _rules.ROWWISE_ADAGRAD
+    half_precision: ClassVar[bool] = True
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
@@ -262,6 +270,10 @@ class RowWiseAdagrad(Optimizer):
 _KINDS: dict[str, type[Optimizer]] = {
     c.kind: c for c in (SGD, Adagrad, Adam, Ftrl, GroupFtrl, AdagradDecay, RowWiseAdagrad)
 }
+
+
+# The optimizers a half-precision table can use (named in its ConfigError).
+HALF_PRECISION_NAMES = tuple(c.__name__ for c in _KINDS.values() if c.half_precision)
 
 
 def from_dict(d: dict[str, Any]) -> Optimizer:

@@ -31,6 +31,7 @@ from evdb.pulled import Pulled, PullLedger, Ticket
 from evdb.records import FREQ_MAX, FROZEN, RecordBatch
 from evdb.table_upkeep import TableSummary, TableUpkeep
 from evdb.tiers.base import Tier
+from evdb.tiers.cache_lowp import as_stored
 from evdb.tiers.device_path import DeviceBatch
 from evdb.tiers.rocks import RocksStrings
 
@@ -244,7 +245,10 @@ class Table(TableUpkeep):
                 self._admission.forget(new_keys)
                 records = self._fresh_records(  # freq starts at the pulls admission saw
                     new_keys,
-                    self.config.initializer.values(new_keys, self.dim),
+                    # as the tier stores it: out must hand the trainer the row it holds
+                    as_stored(
+                        self.config.dtype, self.config.initializer.values(new_keys, self.dim)
+                    ),
                     totals,
                     version,
                 )

@@ -65,9 +65,20 @@ class TableReads:
         self.config = config
         self.dim = config.dim
         n_slots = config.optimizer.n_slots(config.dim)
-        caches: list[CacheTier] = [dram_tier(config.dim, n_slots, config.dram)]
+        # Half-precision rows round a push stochastically with the initializer's seed
+        dtype, seed = config.dtype, int(getattr(config.initializer, "seed", 0))
+        sr = config.rounding == "stochastic"
+        caches: list[CacheTier] = [
+            dram_tier(config.dim, n_slots, config.dram, dtype=dtype, stochastic=sr, seed=seed)
+        ]
         if config.hbm is not None:  # on top: it caches the DRAM tier (and what is under it)
-            caches.insert(0, hbm_tier(config.dim, n_slots, config.hbm, config.dram))
+            caches.insert(
+                0,
+                hbm_tier(
+                    config.dim, n_slots, config.hbm, config.dram, dtype=dtype, stochastic=sr,
+                    seed=seed,
+                ),
+            )  # fmt: skip
         # With a disk tier the DRAM tier caches it; without one, rows still persist in the
         # backing store (written at flush) but every row stays in DRAM.
         self._chain = stack(

@@ -88,6 +88,7 @@ class TableUpkeep(TableScans):
         return {
             "name": self.name,
             "dim": self.dim,
+            "dtype": self.config.dtype,  # how rows are stored (each tier's bytes: "tiers")
             "rows": len(self),
             "step": self._db.step,
             "version": self.meta.version,

@@ -83,6 +83,9 @@ class ColumnCache(CacheTier):
         ``grow(name, column, rows)``: the column with room for rows (default: a copy).
     emulated : bool, optional
         For a device tier: whether it runs on the CPU instead (stats say so).
+    value_dtype : numpy dtype, optional
+        How the values column stores rows (float32; ``LowpColumnCache`` passes uint16 for
+        bfloat16 bits or float16 and overrides every method that reads or writes values).
     """
 
     _evict_scratch: tuple[Int64Array, np.ndarray, BoolArray, BoolArray] | None = None
@@ -99,6 +102,7 @@ class ColumnCache(CacheTier):
         kernels: ModuleType,
         grow: Grow | None = None,
         emulated: bool | None = None,
+        value_dtype: Any = np.float32,
     ) -> None:
         self.name = name
         self._emulated = emulated  # an HBM tier's rows held on the CPU (shown in stats)
@@ -118,7 +122,7 @@ class ColumnCache(CacheTier):
         self.alloc = RowAllocator()
         zeros, empty = xp.zeros, xp.empty
         self.row_keys: Int64Array = empty(0, dtype=np.int64)
-        self.values: Float32Array = empty((0, dim), dtype=np.float32)
+        self.values: Float32Array = empty((0, dim), dtype=value_dtype)
         self.slots: Float32Array = empty((0, n_slots), dtype=np.float32)
         self.freq = empty(0, dtype=np.uint32)
         self.last_step: Int64Array = empty(0, dtype=np.int64)
@@ -512,6 +516,9 @@ class ColumnCache(CacheTier):
     def stats(self) -> dict[str, Any]:
         high = self.alloc.high_water
         slab = sum(getattr(self, c)[:high].nbytes for c in COLUMNS)
+        per_row = 1 / max(len(self), 1)
+        values, slots = self.values[:high].nbytes, self.slots[:high].nbytes
+        keys = self.row_keys[:high].nbytes  # row -> key: the index's other half
         pinned = self._dev(np.unique(self._pinned_rows))
         return {
             "rows": len(self),
@@ -523,5 +530,14 @@ class ColumnCache(CacheTier):
             "bytes": int(slab + self.index.nbytes),
             "index_bytes": self.index.nbytes,
             "bytes_per_row": (slab + self.index.nbytes) / max(len(self), 1),
+            # what a row costs, by part (rows allocated over rows live: a freed row's storage
+            # counts until it is reused)
+            "bytes_per_row_by_component": {
+                "values": values * per_row,
+                "slots": slots * per_row,
+                "metadata": (slab - values - slots - keys) * per_row,
+                "index": (self.index.nbytes + keys) * per_row,
+            },
+            "dtype": "float32",  # how values are stored (LowpColumnCache: bfloat16, float16)
             "device": self.device,
         } | ({} if self._emulated is None else {"emulated": self._emulated})

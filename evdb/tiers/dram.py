@@ -19,6 +19,7 @@ import numpy as np
 from evdb.config import DramConfig
 from evdb.kernels import backend
 from evdb.tiers.cache import ColumnCache
+from evdb.tiers.cache_lowp import LowpColumnCache
 
 __all__ = ["RESERVE_FROM_ROWS", "dram_tier"]
 
@@ -78,9 +79,25 @@ class _Reservations:
         return reserved[:cap]
 
 
-def dram_tier(dim: int, n_slots: int, config: DramConfig) -> ColumnCache:
+def dram_tier(
+    dim: int,
+    n_slots: int,
+    config: DramConfig,
+    *,
+    dtype: str = "float32",
+    stochastic: bool = True,
+    seed: int = 0,
+) -> ColumnCache:
     """The DRAM tier of a table: rows in process memory, the top of the chain (or the tier
-    under an HBM tier), numpy columns grown by reservation, the cpu kernels."""
+    under an HBM tier), numpy columns grown by reservation, the cpu kernels. Values stored in
+    ``dtype`` (bfloat16 / float16: ``LowpColumnCache``, rounding stochastically on push with
+    ``seed`` unless ``stochastic`` is False)."""
+    grow = _Reservations().grow
+    if dtype != "float32":
+        return LowpColumnCache(
+            dim, n_slots, config, dtype=dtype, stochastic=stochastic, seed=seed, name="dram",
+            device="cpu", grow=grow,
+        )  # fmt: skip
     return ColumnCache(
         dim,
         n_slots,
@@ -89,5 +106,5 @@ def dram_tier(dim: int, n_slots: int, config: DramConfig) -> ColumnCache:
         device="cpu",
         xp=np,
         kernels=backend("cpu"),
-        grow=_Reservations().grow,
+        grow=grow,
     )

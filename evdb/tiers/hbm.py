@@ -45,6 +45,7 @@ from evdb.hashindex import index_bytes
 from evdb.kernels import backend
 from evdb.records import FREQ_MAX
 from evdb.tiers.cache import ColumnCache
+from evdb.tiers.cache_lowp import LowpColumnCache
 
 __all__ = ["DeviceCache", "PinnedStaging", "device_bytes", "hbm_tier", "require_device"]
 
@@ -289,7 +290,16 @@ for _name, _member in list(vars(ColumnCache).items()):
         setattr(DeviceCache, _name, _on_device(_member))
 
 
-def hbm_tier(dim: int, n_slots: int, config: HbmConfig, policy: DramConfig) -> ColumnCache:
+def hbm_tier(
+    dim: int,
+    n_slots: int,
+    config: HbmConfig,
+    policy: DramConfig,
+    *,
+    dtype: str = "float32",
+    stochastic: bool = True,
+    seed: int = 0,
+) -> ColumnCache:
     """The top tier of a table created with ``hbm_rows``: a bounded cache of the hot rows.
 
     Parameters
@@ -301,6 +311,9 @@ def hbm_tier(dim: int, n_slots: int, config: HbmConfig, policy: DramConfig) -> C
     policy : DramConfig
         The victim policy (``eviction``, ``half_life_steps``, ``evict_fraction``), shared with
         the DRAM tier; its ``capacity_rows`` is the DRAM tier's and is not used here.
+    dtype, stochastic, seed
+        How values are stored and pushes rounded (as ``dram_tier``): half precision only on
+        emulated HBM for now; a CUDA device's tier refuses it.
 
     Raises
     ------
@@ -311,10 +324,20 @@ def hbm_tier(dim: int, n_slots: int, config: HbmConfig, policy: DramConfig) -> C
     require_device(config.device)
     tier_policy = dataclasses.replace(policy, capacity_rows=config.capacity_rows, initial_rows=0)
     if config.device == _EMULATED:
+        if dtype != "float32":
+            return LowpColumnCache(
+                dim, n_slots, tier_policy, dtype=dtype, stochastic=stochastic, seed=seed,
+                name="hbm", device=_EMULATED, emulated=True,
+            )  # fmt: skip
         return ColumnCache(
             dim, n_slots, tier_policy, name="hbm", device=_EMULATED, xp=np,
             kernels=backend("cpu"), emulated=True,
         )  # fmt: skip
+    if dtype != "float32":
+        raise ConfigError(
+            f"dtype={dtype!r}: an HBM tier on CUDA device {config.device} stores float32 rows "
+            "only for now; use dtype='float32' or device='cpu' (emulated HBM)"
+        )
     device_id = int(config.device)
     cp = _cupy()
     with cp.cuda.Device(device_id):

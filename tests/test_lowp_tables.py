@@ -1,0 +1,228 @@
+"""Tables whose rows are stored in bfloat16 or float16 (issue 29): what is stored, what reads
+answer, how pushes round, and what is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import evdb
+from evdb.errors import ConfigError
+from evdb.kernels import backend
+from evdb.kernels.reference.lowp import narrow, widen
+from evdb.optim import SGD, Adagrad, Adam, Ftrl, RowWiseAdagrad
+
+HALF = ["bfloat16", "float16"]
+reference = backend("reference")
+
+
+def half_table(db: evdb.Database, dtype: str, dim: int = 8, **kw: object) -> evdb.Table:
+    kw.setdefault("optimizer", Adagrad(lr=0.05))
+    kw.setdefault("initializer", evdb.init.Normal(0.0, 0.1, seed=5))
+    return db.create_table("t", dim, dtype=dtype, disk=False, **kw)  # type: ignore[arg-type]
+
+
+def representable(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x rounded to nearest even in dtype and widened back: what the tier must hold."""
+    return widen(narrow(np.asarray(x, np.float32), dtype, None))
+
+
+def train(t: evdb.Table, db: evdb.Database, steps: int, seed: int = 0) -> None:
+    """Pull a random batch (repeats included), push the gradient of 0.5 |x - target|^2."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        keys = rng.integers(0, 64, size=48)
+        p = t.pull(keys)
+        target = np.sin(p.keys[:, None] + np.arange(t.dim)).astype(np.float32)
+        t.push(p, (p.rows - target).astype(np.float32))
+        db.advance()
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+def test_a_bad_dtype_is_refused_naming_the_choices(db: evdb.Database) -> None:
+    for bad in ("float64", "bf16", 16):
+        with pytest.raises(ConfigError, match=r"dtype: expected one of \('float32', 'bfloat16'"):
+            db.create_table("t", 4, dtype=bad, disk=False)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"rounding: expected one of \('stochastic', 'nearest'"):
+        db.create_table("t", 4, dtype="bfloat16", disk=False, rounding="up")  # type: ignore[arg-type]
+    assert db.tables() == []
+
+
+def test_an_optimizer_without_a_half_update_is_refused_naming_those_with_one(
+    db: evdb.Database,
+) -> None:
+    with pytest.raises(ConfigError, match=r"Ftrl has no half-precision update.*RowWiseAdagrad"):
+        db.create_table("t", 4, dtype="float16", disk=False, optimizer=Ftrl())
+    assert db.tables() == []
+
+
+def test_a_disk_tier_or_a_cuda_hbm_tier_is_refused_not_widened(db: evdb.Database) -> None:
+    with pytest.raises(ConfigError, match=r"disk tier is not supported yet.*disk=False"):
+        db.create_table("t", 4, dtype="bfloat16")
+    with pytest.raises(ConfigError, match="HBM tier on CUDA device 0 is not supported yet"):
+        db.create_table("t", 4, dtype="bfloat16", disk=False, hbm_rows=8, device=0)
+    assert db.tables() == []
+
+
+# -- storage and reads ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_rows_are_stored_in_half_the_bytes_and_read_as_float32(
+    db: evdb.Database, dtype: str
+) -> None:
+    t = half_table(db, dtype, dim=16)
+    twin = db.create_table("f", 16, disk=False, optimizer=Adagrad(lr=0.05))
+    values = np.random.default_rng(0).normal(size=(50, 16)).astype(np.float32)
+    t.upsert(np.arange(50), values)
+    twin.upsert(np.arange(50), values)
+    got = t.lookup(np.arange(50))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, representable(values, dtype))  # to nearest even
+    assert not np.array_equal(got, values)  # it did round
+    half, full = t.stats()["tiers"]["dram"], twin.stats()["tiers"]["dram"]
+    assert half["dtype"] == dtype and full["dtype"] == "float32" and t.stats()["dtype"] == dtype
+    by_half, by_full = half["bytes_per_row_by_component"], full["bytes_per_row_by_component"]
+    assert by_half["values"] * 2 == by_full["values"] == 16 * 4  # every row allocated is live
+    assert by_half["slots"] == by_full["slots"] and by_half["index"] == by_full["index"]
+    assert half["bytes"] < full["bytes"]
+    out = np.empty((3, 16), np.float32)
+    assert t.lookup([2, 1, 99], out=out) is out
+    np.testing.assert_array_equal(out[:2], got[[2, 1]])
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_new_rows_pull_hands_the_trainer_the_row_it_stores(db: evdb.Database, dtype: str) -> None:
+    t = half_table(db, dtype)
+    p = t.pull([3, 4, 3])
+    init = t.config.initializer.values(p.keys, t.dim)
+    np.testing.assert_array_equal(p.rows, representable(init, dtype))
+    np.testing.assert_array_equal(t.lookup(p.keys), p.rows)
+    t.push(p, np.zeros_like(p.rows))
+    np.testing.assert_array_equal(t.pull(p.keys).rows, p.rows)  # found rows: the same
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_bag_lookups_combine_the_widened_rows(db: evdb.Database, dtype: str) -> None:
+    t = half_table(db, dtype)
+    t.upsert(np.arange(6), np.random.default_rng(1).normal(size=(6, 8)))
+    keys = np.array([0, 1, 2, 7, 3, 4, 5])  # 7 has no row: its initializer value
+    weights = np.linspace(0.5, 2.0, 7).astype(np.float32)
+    got = t.lookup(keys, offsets=[0, 4], weights=weights, combiner="sum")
+    rows = t.lookup(keys)
+    want = np.stack([(rows[:4] * weights[:4, None]).sum(0), (rows[4:] * weights[4:, None]).sum(0)])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+# -- pushes --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize(
+    "optimizer", [SGD(lr=0.1), Adagrad(lr=0.1), Adam(lr=0.01), RowWiseAdagrad(lr=0.1)]
+)
+def test_a_push_is_the_reference_half_update(
+    db: evdb.Database, dtype: str, optimizer: evdb.optim.Optimizer
+) -> None:
+    t = half_table(db, dtype, optimizer=optimizer)
+    db.advance(7)
+    train(t, db, 2)  # slots away from their start
+    tier = t._top
+    keys = np.array([5, 9, 5, 40, 9, 5])
+    p = t.pull(keys)
+    values, slots = tier.values.copy(), tier.slots.copy()
+    rows = tier.locate(p.keys)
+    grads = np.random.default_rng(2).normal(size=(keys.shape[0], t.dim)).astype(np.float32)
+    t.push(p, grads, per_position=True)
+    positions = np.argsort(p.inverse, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(p.counts)])
+    hyper = optimizer.hyper(db.step, t.meta.pushes)
+    reference.segment_sum_apply_lowp(
+        grads, positions, bounds, rows, p.keys, optimizer.code, hyper, 5, db.step, True,
+        values, slots,
+    )  # fmt: skip
+    np.testing.assert_array_equal(tier.values.view(np.uint16), values.view(np.uint16))
+    np.testing.assert_array_equal(tier.slots, slots)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_half_table_trains_close_to_its_float32_twin(tmp_path: Path, dtype: str) -> None:
+    with evdb.open(tmp_path / "a") as a, evdb.open(tmp_path / "b") as b:
+        half = half_table(a, dtype, optimizer=Adagrad(lr=0.2))
+        full = b.create_table(
+            "t", 8, disk=False, optimizer=Adagrad(lr=0.2),
+            initializer=evdb.init.Normal(0.0, 0.1, seed=5),
+        )  # fmt: skip
+        train(half, a, 40)
+        train(full, b, 40)
+        keys = np.arange(64)
+        h, f = half.lookup(keys), full.lookup(keys)
+        target = np.sin(keys[:, None] + np.arange(8))
+        # both learned (far from where they started), and agree within a few half ulps
+        assert np.abs(f - target).mean() < 0.1 * np.abs(target).mean()
+        ulp = 2.0 ** (-7 if dtype == "bfloat16" else -10)
+        assert np.abs(h - f).max() < 8 * ulp
+        assert np.abs(h - f).mean() < ulp
+
+
+def test_stochastic_rounding_keeps_updates_that_nearest_loses(tmp_path: Path) -> None:
+    # lr * g = 1e-3 on weights of 1.0: an eighth of bfloat16's half ulp (2^-8) there
+    moved = {}
+    for rounding in ("stochastic", "nearest"):
+        with evdb.open(tmp_path / rounding) as db:
+            t = db.create_table(
+                "t", 32, dtype="bfloat16", disk=False, rounding=rounding,
+                optimizer=SGD(lr=1e-3), initializer=evdb.init.Constant(1.0),
+            )  # fmt: skip
+            keys = np.arange(16)
+            for _ in range(200):
+                p = t.pull(keys)
+                t.push(p, np.ones_like(p.rows))
+                db.advance()
+            moved[rounding] = 1.0 - t.lookup(keys)
+    np.testing.assert_array_equal(moved["nearest"], 0.0)  # every update lost
+    # 200 updates of 1e-3 move a float32 row by 0.2; unbiased rounding does, on average
+    assert abs(moved["stochastic"].mean() - 0.2) < 0.01
+
+
+def test_training_is_deterministic_for_a_seed(tmp_path: Path) -> None:
+    got = []
+    for name in ("a", "b"):
+        with evdb.open(tmp_path / name) as db:
+            t = half_table(db, "bfloat16")
+            train(t, db, 10)
+            got.append(t.lookup(np.arange(64)))
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+def test_an_emulated_hbm_tier_trains_bit_for_bit_as_dram_alone(tmp_path: Path) -> None:
+    got = []
+    for name, hbm_rows in (("dram", None), ("hbm", 16)):
+        with evdb.open(tmp_path / name) as db:
+            t = half_table(
+                db, "bfloat16", hbm_rows=hbm_rows, device=None if hbm_rows is None else "cpu"
+            )
+            train(t, db, 12)
+            if hbm_rows is not None:
+                assert t.stats()["tiers"]["hbm"]["evictions"] > 0  # rows went down and up
+                assert t.stats()["tiers"]["hbm"]["dtype"] == "bfloat16"
+            got.append(t.lookup(np.arange(64)))
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+def test_dtype_and_rows_survive_close_and_reopen(tmp_path: Path) -> None:
+    with evdb.open(tmp_path / "db") as db:
+        t = half_table(db, "float16", rounding="nearest")
+        train(t, db, 5)
+        before = t.lookup(np.arange(64))
+    with evdb.open(tmp_path / "db") as db:
+        t = db.table("t")
+        assert (t.config.dtype, t.config.rounding) == ("float16", "nearest")
+        assert t._top.values.dtype == np.float16
+        np.testing.assert_array_equal(t.lookup(np.arange(64)), before)
+        train(t, db, 2)  # and it still trains
+        assert not np.array_equal(t.lookup(np.arange(64)), before)
