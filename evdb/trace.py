@@ -89,6 +89,9 @@ _END_BODY = struct.Struct("<QQQ")
 _U32 = struct.Struct("<I")
 _CHUNK_KEYS = 1 << 20  # kept keys buffered before a chunk is written (8 MiB)
 _CHUNK_BATCHES = 1 << 16
+# for_table raises the rate so the table's own cache size gets a miniature of this many rows
+# (evdb.sizing_report.MIN_MINIATURE_ROWS: below it a size's answer spreads by a point or more)
+CURRENT_SIZE_ROWS = 1000
 
 
 class KeyRecorder:
@@ -176,7 +179,20 @@ class KeyRecorder:
         seed: int = 0,
         overwrite: bool = False,
     ) -> KeyRecorder:
-        """A recorder whose header names ``table`` and its configuration."""
+        """A recorder whose header names ``table`` and its configuration.
+
+        With ``min_keys`` (the default), ``rate`` is also raised to at least
+        ``CURRENT_SIZE_ROWS / rows`` for the table's smaller cache tier of ``rows`` (DRAM, or
+        HBM): ``evdb size`` then answers for the size the table has, and larger ones, with
+        miniatures of at least 1,000 rows. At 10M Zipf(1.1) accesses, 5,000 rows from ~290-row
+        miniatures were off by up to 2.3 points (sd 1.0 over eight seeds), from ~1,160-row
+        ones by up to 1.3 (sd 0.5)."""
+        caches = [table.config.dram.capacity_rows]
+        if table.config.hbm is not None:
+            caches.append(table.config.hbm.capacity_rows)
+        smallest = min((c for c in caches if c), default=None)
+        if min_keys and smallest is not None:
+            rate = max(parse_rate(rate), min(1.0, CURRENT_SIZE_ROWS / smallest))
         return cls(
             path,
             table=table.name,

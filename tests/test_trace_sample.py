@@ -109,3 +109,33 @@ def test_subsample_equals_recording_at_the_lower_rate(tmp_path: Path) -> None:
     np.testing.assert_array_equal(sub.keys, lo.keys)
     np.testing.assert_array_equal(sub.bounds, lo.bounds)
     np.testing.assert_array_equal(sub.seen, lo.seen)
+
+
+def test_for_table_raises_the_rate_to_the_tables_own_size(tmp_path: Path) -> None:
+    """A recorder for a table keeps CURRENT_SIZE_ROWS rows' worth of its smaller cache tier
+    (with min_keys; a fixed rate stays as asked, and so does an unbounded table's)."""
+    import evdb
+    from evdb.config import HbmConfig
+    from evdb.trace import CURRENT_SIZE_ROWS
+
+    with evdb.open(tmp_path / "db") as db:
+        small = db.create_table("small", dim=4, dram_rows=4 * CURRENT_SIZE_ROWS)
+        hbm = db.create_table(
+            "hbm", dim=4, dram_rows=10**6, hbm=HbmConfig(2 * CURRENT_SIZE_ROWS, device="cpu")
+        )
+        big = db.create_table("big", dim=4, dram_rows=10**6)
+        free = db.create_table("free", dim=4)
+        got = {
+            name: KeyRecorder.for_table(t, tmp_path / name, rate=0.01, **kw)
+            for name, t, kw in [
+                ("small", small, {}),
+                ("fixed", small, {"min_keys": 0}),
+                ("hbm", hbm, {}),
+                ("big", big, {}),
+                ("free", free, {}),
+            ]
+        }
+        rates = {name: rec.header.rate for name, rec in got.items()}
+        for rec in got.values():
+            rec.close()
+    assert rates == {"small": 0.25, "fixed": 0.01, "hbm": 0.5, "big": 0.01, "free": 0.01}
