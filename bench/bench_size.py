@@ -47,7 +47,7 @@ import evdb
 from evdb.kernels.hashing import mix64_np
 from evdb.sizing import lru_curve, simulate, size_table
 from evdb.sizing_logs import read_key_log
-from evdb.trace import DEFAULT_MIN_KEYS, KeyRecorder, read_trace
+from evdb.trace import CURRENT_SIZE_ROWS, DEFAULT_MIN_KEYS, KeyRecorder, read_trace
 
 DIM = 16
 MOVIELENS = Path.home() / ".cache" / "evdb" / "ml-100k.inter"
@@ -232,8 +232,10 @@ def bench_zipf(args: argparse.Namespace) -> float:
         f"setup: {keys.shape[0]:,} accesses, {np.unique(keys).shape[0]:,} distinct keys, batches "
         f"of {args.batch:,}; tables: dim {DIM}, Adagrad, Counter(min_count=2), ttl_steps=100, "
         f"LFU, RocksDB below. Traces recorded during the first table's run: 'default' = "
-        f"KeyRecorder(rate={args.rate:g}) with its default min_keys={DEFAULT_MIN_KEYS:,} "
-        f"(ended at rate {r_def:.4f}, {d_def:,} distinct keys; miniatures {m_def.tolist()} rows), "
+        f"KeyRecorder.for_table(table, rate={args.rate:g}) with its default min_keys="
+        f"{DEFAULT_MIN_KEYS:,}, which also raises the rate to {CURRENT_SIZE_ROWS:,} / the "
+        f"table's dram_rows (ended at rate {r_def:.4f}, {d_def:,} distinct keys; miniatures "
+        f"{m_def.tolist()} rows), "
         f"'fixed' = rate {args.rate:g}, min_keys=0 ({d_fix:,} distinct keys; miniatures "
         f"{m_fix.tolist()} rows)"
     )
