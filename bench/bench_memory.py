@@ -1,5 +1,5 @@
-"""Bytes a row: torch fp32 + Adagrad against evdb, and what bfloat16 rows and quantised
-serving rows would cost (issue 29).
+"""Bytes a row: torch fp32 + Adagrad against evdb (float32 and bfloat16 rows), and what
+quantised serving rows would cost (issue 29).
 
 Every figure is the RSS growth of a fresh Python process (``--one``) while it builds one
 thing of ``--rows`` rows (1M by default) of dim ``--dim`` (64), divided by the rows; the
@@ -9,15 +9,16 @@ the thing itself is counted. Two kinds of figure:
 * **measured table**: a real one. ``torch``: ``nn.Embedding(rows, dim, sparse=True)`` and
   ``torch.optim.Adagrad`` after one step (weight + the ``sum`` state); ``evdb``: a table in
   DRAM only (``disk=False``), every row upserted, one push over a batch; with Adagrad (a
-  float32 accumulator a column) and with row-wise Adagrad (one a row).
+  float32 accumulator a column) and with row-wise Adagrad (one a row); float32 rows, and
+  ``dtype="bfloat16"`` rows (the DRAM tier's values column in bfloat16, slots float32).
 * **measured arrays**: the layouts of ``evdb/kernels/*/lowp.py``, filled through those
   kernels, before any tier stores them: bfloat16 values (``round_rows``) + one float32
   row-wise Adagrad accumulator; serving rows as float32, float16, int8 and int4
   (``quantize_rows``, FBGEMM's 16-byte row padding: 256 / 128 / 80 / 48 bytes at dim 64),
   each with the hash index a serving snapshot needs (``hash_insert`` into a slot table sized
-  as ``evdb.hashindex`` sizes one). The "projected table" line is evdb's measured row-wise
-  Adagrad table with its float32 values (4 dim bytes) replaced by bfloat16 (2 dim): what a
-  ``dtype="bfloat16"`` table would cost once the tiers store the kernels' layout.
+  as ``evdb.hashindex`` sizes one). The bfloat16 arrays line is the floor a bfloat16 table's
+  rows can reach; the measured bfloat16 table adds its index and metadata (its tier's stats
+  split a row's bytes by component: printed after the table).
 
 The ratio column is each figure over torch fp32 + Adagrad's, measured in the same run. Run
 from the repository root: ``.venv/bin/python bench/bench_memory.py`` (about a minute at 1M
@@ -66,12 +67,12 @@ def torch_adagrad(rows: int, dim: int) -> dict[str, Any]:
     return {"bytes": _settle() - before}
 
 
-def evdb_table(rows: int, dim: int, optimizer: str) -> dict[str, Any]:
+def evdb_table(rows: int, dim: int, optimizer: str, dtype: str = "float32") -> dict[str, Any]:
     import evdb
 
     def make(db: evdb.Database, name: str) -> evdb.Table:
         opt = {"adagrad": evdb.optim.Adagrad, "rowwise": evdb.optim.RowWiseAdagrad}[optimizer]
-        return db.create_table(name, dim=dim, optimizer=opt(lr=0.01), disk=False)
+        return db.create_table(name, dim=dim, optimizer=opt(lr=0.01), disk=False, dtype=dtype)
 
     rng = np.random.default_rng(SEED)
     with tempfile.TemporaryDirectory() as tmp, evdb.open(f"{tmp}/db") as db:
@@ -83,7 +84,8 @@ def evdb_table(rows: int, dim: int, optimizer: str) -> dict[str, Any]:
         fill(t, keys, dim, rng)
         grown = _settle() - before
         stats = t.stats()
-        return {"bytes": grown, "rows": int(stats["rows"])}
+        parts = stats["tiers"]["dram"]["bytes_per_row_by_component"]
+        return {"bytes": grown, "rows": int(stats["rows"]), "components": parts}
 
 
 def fill(t: Any, keys: np.ndarray, dim: int, rng: np.random.Generator) -> None:
@@ -155,6 +157,8 @@ MEASURES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "torch_adagrad": torch_adagrad,
     "evdb_adagrad": lambda r, d: evdb_table(r, d, "adagrad"),
     "evdb_rowwise": lambda r, d: evdb_table(r, d, "rowwise"),
+    "evdb_bf16_adagrad": lambda r, d: evdb_table(r, d, "adagrad", "bfloat16"),
+    "evdb_bf16_rowwise": lambda r, d: evdb_table(r, d, "rowwise", "bfloat16"),
     "bf16_rowwise_arrays": bf16_rowwise_arrays,
     **{
         f"serve_{t}": (lambda r, d, t=t: serving_arrays(r, d, t))
@@ -191,13 +195,13 @@ def main() -> None:
     per_row = {name: r["bytes"] / rows for name, r in got.items()}
     torch_b = per_row["torch_adagrad"]
     rowwise_overhead = per_row["evdb_rowwise"] - 4 * dim  # all but its float32 values
-    projected = rowwise_overhead + 2 * dim
     table = [
         ("torch fp32 + Adagrad", "measured table", torch_b),
         ("evdb fp32 + Adagrad", "measured table", per_row["evdb_adagrad"]),
         ("evdb fp32 + row-wise Adagrad", "measured table", per_row["evdb_rowwise"]),
+        ("evdb bf16 + Adagrad", "measured table", per_row["evdb_bf16_adagrad"]),
+        ("evdb bf16 + row-wise Adagrad", "measured table", per_row["evdb_bf16_rowwise"]),
         ("bf16 values + row-wise acc", "measured arrays", per_row["bf16_rowwise_arrays"]),
-        ("evdb bf16 + row-wise Adagrad", "projected table", projected),
     ]
     for t in ("float32", "float16", "int8", "int4"):
         r = got[f"serve_{t}"]
@@ -212,6 +216,12 @@ def main() -> None:
     print(
         f"index of the serving arrays: {index_row:.1f} B/row (16 B slots at load <= 0.7); "
         f"evdb row-wise table, all but its values: {rowwise_overhead:.0f} B/row"
+    )
+    parts = got["evdb_bf16_rowwise"]["components"]
+    print(
+        "evdb bf16 + row-wise Adagrad, its DRAM tier's stats (B/row): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+        + f"; total {sum(parts.values()):.1f}"
     )
 
 
