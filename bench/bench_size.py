@@ -223,6 +223,7 @@ def bench_zipf(args: argparse.Namespace) -> float:
     t0 = time.perf_counter()
     unsampled = simulate(full, sizes, config=config)
     t_full = time.perf_counter() - t0
+    seeds = seed_errors(args, work, batches, config, sizes, unsampled.hit_rate())
     shutil.rmtree(work, ignore_errors=True)
     unsamp = unsampled.hit_rate()
     lru_full = lru_curve(full).hit_rate(sizes)
@@ -252,6 +253,16 @@ def bench_zipf(args: argparse.Namespace) -> float:
          "error (pts)", "unsampled sim", "default-unsampled", "LRU (exact)"],
         rows_out,
     )  # fmt: skip
+    if seeds:
+        print(
+            f"\nother hash seeds: the default trace's recorder (its floor rate and min_keys "
+            f"{DEFAULT_MIN_KEYS:,}) on the same keys with seed=s, no real table; prediction - "
+            f"unsampled simulation, points"
+        )
+        print_table(
+            ["seed", *[f"{r:,}" for r in sizes]],
+            [[str(s), *[pts(e) for e in err]] for s, err in seeds],
+        )
     print(f"\n## Analysis speed, same trace ({keys.shape[0]:,} accesses, 3 sizes)")
     print_table(
         ["", "seconds", "ratio"],
@@ -266,6 +277,29 @@ def bench_zipf(args: argparse.Namespace) -> float:
         first_left=1,
     )  # fmt: skip
     return t_full / keys.shape[0]
+
+
+def seed_errors(
+    args: argparse.Namespace,
+    work: Path,
+    batches: list[np.ndarray],
+    config: evdb.TableConfig,
+    sizes: list[int],
+    unsampled: np.ndarray,
+) -> list[tuple[int, np.ndarray]]:
+    """``--seeds`` more hash seeds of the default trace (1, 2, ...), recorded at its rate
+    without a table: per seed, its predictions minus the unsampled simulation's."""
+    rate = read_trace(work / "zipf.trace").header.floor_rate or args.rate
+    out = []
+    for seed in range(1, args.seeds + 1):
+        log(f"zipf: seed {seed}")
+        path = work / f"seed{seed}.trace"
+        with KeyRecorder(path, table="item", config=config, rate=rate, seed=seed) as rec:
+            for i, b in enumerate(batches):
+                rec.record("pull", b, i, counted=np.unique(b).shape[0])
+        policy = simulate(read_trace(path), sizes)
+        out.append((seed, policy.hit_rate() - unsampled))
+    return out
 
 
 # -- analysis speed at a larger trace -------------------------------------------------------
@@ -445,6 +479,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="overhead: rounds of 64 steps")
     parser.add_argument(
         "--speed-accesses", type=int, default=0, help="speed: a trace this long (0: skip)"
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=0, help="zipf: this many more hash seeds of the default trace"
     )
     parser.add_argument(
         "--speed-unsampled",
