@@ -1,7 +1,9 @@
 """Training steps of a bfloat16 / float16 table against its float32 twin, in one process
 (issue 29).
 
-Each table is in DRAM only (``disk=False``), ``--rows`` rows of dim ``--dim`` upserted with
+Each table is in DRAM only (``disk=False``), or with ``--dram-fraction f`` a DRAM tier of
+``f * rows`` rows over the RocksDB tier (the rest spilled, values on disk in the table's
+dtype); ``--rows`` rows of dim ``--dim`` upserted with
 the same random values, the same optimizer (``--optimizer``: Adagrad or row-wise Adagrad,
 lr 0.01). A step is ``pull``, ``combine`` (sum over bags of ``--bag`` keys),
 ``combine_backward``, ``push`` and ``db.advance()``, on Zipf(``--zipf-a``) keys of the table,
@@ -17,6 +19,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 from _common import cpu_line, print_table, random_keys
@@ -53,8 +56,11 @@ def main() -> None:
     ap.add_argument("--optimizer", choices=["adagrad", "rowwise"], default="rowwise")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--dram-fraction", type=float, default=None, help="spill: DRAM rows / rows")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
+    spill = None if args.dram_fraction is None else max(1, int(args.rows * args.dram_fraction))
+    where: dict[str, Any] = {"disk": False} if spill is None else {"dram_rows": spill}
     opt = {"adagrad": evdb.optim.Adagrad, "rowwise": evdb.optim.RowWiseAdagrad}[args.optimizer]
     keys = random_keys(rng, args.rows)
     perm = rng.permutation(args.rows)
@@ -65,13 +71,14 @@ def main() -> None:
     grad = rng.standard_normal((args.examples, args.dim), dtype=np.float32)
     print(
         f"bench_lowp_train: {args.rows:,} rows, dim {args.dim}, {args.optimizer}, "
-        f"{args.examples} bags of {args.bag} Zipf({args.zipf_a}) keys, DRAM only"
+        f"{args.examples} bags of {args.bag} Zipf({args.zipf_a}) keys, "
+        + ("DRAM only" if spill is None else f"DRAM {spill:,} rows over RocksDB")
     )
     print(cpu_line())
     with tempfile.TemporaryDirectory() as tmp, evdb.open(f"{tmp}/db") as db:
         tables = {}
         for dtype in DTYPES:
-            t = db.create_table(dtype, args.dim, dtype=dtype, disk=False, optimizer=opt(lr=0.01))  # type: ignore[arg-type]
+            t = db.create_table(dtype, args.dim, dtype=dtype, optimizer=opt(lr=0.01), **where)
             values = np.random.default_rng(1)
             for start in range(0, args.rows, 65_536):
                 part = keys[start : start + 65_536]

@@ -6,6 +6,7 @@ never switched on by a flag. "Off" and "forever" are spelled ``None``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,7 +20,7 @@ from evdb.keys import KEY_TYPES, KeyType
 __all__ = ["DiskConfig", "DramConfig", "HbmConfig", "TableConfig"]
 
 Eviction = Literal["lfu", "lru"]
-DiskDtype = Literal["float32", "float16"]
+DiskDtype = Literal["float32", "float16", "bfloat16"]
 Compression = Literal["lz4", "zstd", "none"]
 HbmDevice = int | Literal["cpu"]
 RowDtype = Literal["float32", "bfloat16", "float16"]
@@ -120,10 +121,12 @@ class DiskConfig:
     """The RocksDB tier under DRAM: rows the DRAM tier has no room for live here."""
 
     dtype: DiskDtype = "float32"
-    """How values are stored on disk. "float16" halves the values' bytes (trained float32
-    rows barely compress) but rounds a row each time it is written down: a lossy choice, so
-    a row read back from disk may differ from the one written (optimizer slots stay
-    float32; values beyond float16's range are counted in ``stats()``)."""
+    """How values are stored on disk. "float16" (or "bfloat16") halves the values' bytes
+    (trained float32 rows barely compress) but rounds a float32 row each time it is written
+    down (to nearest even): a lossy choice, so a row read back from disk may differ from the
+    one written (optimizer slots stay float32; values beyond float16's range are counted in
+    ``stats()``). A half-precision table (``TableConfig.dtype``) stores its own dtype, which
+    loses nothing."""
     compression: Compression = "none"
     """RocksDB's block compression: "none", "lz4" or "zstd". Off by default: on trained
     float32 rows LZ4 saved 0.03% of the bytes and compacted 1.0-1.5x slower, ZSTD saved 5%
@@ -132,8 +135,10 @@ class DiskConfig:
     compress."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "float16"):
-            raise ConfigError(f"disk.dtype must be 'float32' or 'float16', got {self.dtype!r}")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ConfigError(
+                f"disk.dtype must be 'float32', 'float16' or 'bfloat16', got {self.dtype!r}"
+            )
         if self.compression not in ("lz4", "zstd", "none"):
             raise ConfigError(
                 f"disk.compression must be 'lz4', 'zstd' or 'none', got {self.compression!r}"
@@ -175,9 +180,9 @@ class TableConfig:
     """How the cache tiers store row values: "float32", "bfloat16" or "float16" (half the
     bytes; optimizer slots stay float32). Lookups and pulls still answer float32, and each
     push computes in float64 and rounds the result on write (``rounding``). Fixed for the
-    table's life: changing it is an export/import round trip. For now a half-precision
-    table has no disk tier (``disk=None``) and no HBM tier on a CUDA device (emulated HBM,
-    ``device="cpu"``, is fine)."""
+    table's life: changing it is an export/import round trip. Its disk tier stores the same
+    dtype (a default ``DiskConfig`` is given it). For now a half-precision table has no HBM
+    tier on a CUDA device (emulated HBM, ``device="cpu"``, is fine)."""
     rounding: Rounding = "stochastic"
     """How a half-precision row is rounded when a push writes it: "stochastic" (unbiased:
     an update smaller than half a unit in the last place still moves the row on average;
@@ -247,12 +252,14 @@ class TableConfig:
                 f"a dtype={self.dtype!r} table cannot use it; use one of "
                 f"{_optim.HALF_PRECISION_NAMES}, or dtype='float32'"
             )
-        if self.disk is not None:
-            raise ConfigError(
-                f"dtype={self.dtype!r} with a disk tier is not supported yet (its rows would "
-                "be widened to float32 on disk): pass disk=False (every row stays in DRAM and "
-                "persists at flush), or dtype='float32'"
-            )
+        if self.disk is not None and self.disk.dtype != self.dtype:
+            if self.disk.dtype != "float32":
+                raise ConfigError(
+                    f"disk.dtype={self.disk.dtype!r} on a dtype={self.dtype!r} table: its disk "
+                    f"tier stores the table's rows as they are ({self.dtype!r})"
+                )
+            # The default disk tier stores the table's dtype: 2-byte values, never widened
+            object.__setattr__(self, "disk", dataclasses.replace(self.disk, dtype=self.dtype))
         if self.hbm is not None and self.hbm.device != "cpu":
             raise ConfigError(
                 f"dtype={self.dtype!r} with an HBM tier on CUDA device {self.hbm.device} is "

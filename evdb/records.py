@@ -8,6 +8,9 @@ A row record is, little-endian and packed (no padding)::
 last pull/push/upsert, ``version`` the table-wide mutation counter when the row last changed,
 ``flags`` per-row bits (``FROZEN``: the optimizer leaves the row as it is).
 The key is not part of the record: it is the record's address (the index key, the RocksDB key).
+The values may be stored narrower (``record_dtype``'s ``value``): ``<f2`` float16, or ``<u2``
+bfloat16 bit patterns (the top half of the float32, rounded to nearest even), what a
+half-precision table's rows are on disk: they widen back to the same float32 exactly.
 
 Tiers keep the fields as separate column arrays (:class:`RecordBatch`) so kernels see plain
 float32 matrices; ``pack``/``unpack`` convert a whole batch with numpy views, never per row.
@@ -28,9 +31,12 @@ FIELDS = ("values", "slots", "freq", "last_step", "version", "flags")
 _NO_FLAGS = np.zeros(0, dtype=np.uint8)  # the default: all flags clear
 
 
+BFLOAT16 = "<u2"  # record_dtype's value type of bfloat16 bit patterns
+
+
 def record_dtype(dim: int, n_slots: int, value: str = "<f4") -> np.dtype:
     """The packed little-endian structured dtype of one record (``value="<f2"``: the same
-    layout with float16 values, which the disk tier may store)."""
+    layout with float16 values, ``"<u2"``: bfloat16 bits, which the disk tier may store)."""
     return np.dtype(
         [
             ("value", value, (dim,)),
@@ -81,8 +87,11 @@ class RecordBatch:
         ``value`` as in ``record_dtype``, values cast to it)."""
         dim, n_slots = self.values.shape[1], self.slots.shape[1]
         out = np.empty(len(self), dtype=record_dtype(dim, n_slots, value))
-        with np.errstate(over="ignore"):  # float16 overflow: the disk tier counts it
-            out["value"] = self.values
+        if value == BFLOAT16:
+            out["value"] = bfloat16_nearest(self.values)
+        else:
+            with np.errstate(over="ignore"):  # float16 overflow: the disk tier counts it
+                out["value"] = self.values
         out["slots"] = self.slots
         out["freq"] = self.freq
         out["last_step"] = self.last_step
@@ -108,11 +117,28 @@ class RecordBatch:
         elif data.dtype != dtype:
             raise CorruptDataError(f"records have dtype {data.dtype}, expected {dtype}")
         n = data.shape[0]
+        stored = data["value"]
+        if value == BFLOAT16:
+            values = (stored.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        else:
+            values = np.ascontiguousarray(stored, dtype=np.float32)
         return cls(
-            values=np.ascontiguousarray(data["value"], dtype=np.float32).reshape(n, dim),
+            values=values.reshape(n, dim),
             slots=np.ascontiguousarray(data["slots"], dtype=np.float32).reshape(n, n_slots),
             freq=data["freq"].astype(np.uint32),
             last_step=data["last_step"].astype(np.int64),
             version=data["version"].astype(np.uint64),
             flags=data["flags"].astype(np.uint8),
         )
+
+
+def bfloat16_nearest(values: np.ndarray) -> np.ndarray:
+    """uint16 bfloat16 bit patterns of float32 values, rounded to nearest even (exact for
+    values a bfloat16 table holds); NaN stays a quiet NaN (the kernels' ``round_rows``)."""
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    top = (u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+    out = top.astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        out[nan] = (u[nan] >> np.uint64(16)).astype(np.uint16) | np.uint16(0x0040)
+    return out

@@ -60,11 +60,13 @@ def test_an_optimizer_without_a_half_update_is_refused_naming_those_with_one(
     assert db.tables() == []
 
 
-def test_a_disk_tier_or_a_cuda_hbm_tier_is_refused_not_widened(db: evdb.Database) -> None:
-    with pytest.raises(ConfigError, match=r"disk tier is not supported yet.*disk=False"):
-        db.create_table("t", 4, dtype="bfloat16")
+def test_a_cuda_hbm_tier_or_a_disk_of_another_dtype_is_refused_not_widened(
+    db: evdb.Database,
+) -> None:
     with pytest.raises(ConfigError, match="HBM tier on CUDA device 0 is not supported yet"):
         db.create_table("t", 4, dtype="bfloat16", disk=False, hbm_rows=8, device=0)
+    with pytest.raises(ConfigError, match=r"disk.dtype='float16' on a dtype='bfloat16' table"):
+        db.create_table("t", 4, dtype="bfloat16", disk=evdb.DiskConfig(dtype="float16"))
     assert db.tables() == []
 
 
@@ -226,3 +228,198 @@ def test_dtype_and_rows_survive_close_and_reopen(tmp_path: Path) -> None:
         np.testing.assert_array_equal(t.lookup(np.arange(64)), before)
         train(t, db, 2)  # and it still trains
         assert not np.array_equal(t.lookup(np.arange(64)), before)
+
+
+# -- the disk tier and checkpoints ---------------------------------------------------------
+
+
+def spilling(db: evdb.Database, dtype: str, dram_rows: int | None = 16) -> evdb.Table:
+    if dram_rows is None:
+        return half_table(db, dtype)
+    return db.create_table(
+        "t", 8, dtype=dtype, dram_rows=dram_rows, optimizer=Adagrad(lr=0.05),
+        initializer=evdb.init.Normal(0.0, 0.1, seed=5),
+    )  # type: ignore[arg-type]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_spilling_half_table_trains_bit_for_bit_as_one_in_dram(
+    tmp_path: Path, dtype: str
+) -> None:
+    got = []
+    for name, dram_rows in (("dram", None), ("disk", 16)):
+        with evdb.open(tmp_path / name) as db:
+            t = spilling(db, dtype, dram_rows)
+            train(t, db, 12)
+            if dram_rows is not None:
+                tiers = t.stats()["tiers"]
+                assert tiers["dram"]["evictions"] > 0 and tiers["rocksdb"]["rows"] > 0
+                assert t.config.disk is not None and t.config.disk.dtype == dtype
+                assert tiers["rocksdb"]["dtype"] == dtype  # 2-byte values on disk
+                assert tiers["rocksdb"]["bytes_per_row_by_component"]["values"] == 2 * 8
+            got.append(t.lookup(np.arange(64)))
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+def test_bfloat16_records_pack_to_nearest_even_and_unpack_exactly() -> None:
+    from evdb.kernels.reference.lowp import bfloat16_bits
+    from evdb.records import BFLOAT16, RecordBatch
+
+    rng = np.random.default_rng(6)
+    x = (rng.normal(size=(300, 5)) * 10.0 ** rng.integers(-30, 30, size=(300, 1))).astype(
+        np.float32
+    )
+    x[0, :4] = [np.nan, np.inf, -np.inf, 3.4e38]  # specials, and one that rounds to inf
+    n = x.shape[0]
+    records = RecordBatch(
+        values=x, slots=rng.normal(size=(n, 2)).astype(np.float32),
+        freq=np.arange(n, dtype=np.uint32), last_step=np.arange(n, dtype=np.int64),
+        version=np.arange(n, dtype=np.uint64),
+    )  # fmt: skip
+    packed = records.pack(BFLOAT16)
+    np.testing.assert_array_equal(packed["value"], bfloat16_bits(x, None))
+    back = RecordBatch.unpack(packed.tobytes(), 5, 2, BFLOAT16)
+    assert back.values.dtype == np.float32
+    np.testing.assert_array_equal(back.values.view(np.uint32) >> 16, bfloat16_bits(x, None))
+    np.testing.assert_array_equal(back.slots, records.slots)
+    again = RecordBatch.unpack(back.pack(BFLOAT16), 5, 2, BFLOAT16)  # stored values: exact
+    np.testing.assert_array_equal(again.values.view(np.uint32), back.values.view(np.uint32))
+
+
+def test_the_disk_holds_two_bytes_a_value() -> None:
+    from evdb.records import record_dtype
+    from evdb.tiers.rocks import disk_dtype
+
+    n_slots = Adagrad().n_slots(8)
+    full = record_dtype(8, n_slots).itemsize
+    assert disk_dtype(8, n_slots, "bfloat16").itemsize == full - 2 * 8
+    assert disk_dtype(8, n_slots, "float16").itemsize == full - 2 * 8
+
+
+def test_a_spilled_bfloat16_table_reopens_and_restores_bit_for_bit(tmp_path: Path) -> None:
+    keys = np.arange(64)
+    with evdb.open(tmp_path / "db") as db:
+        t = spilling(db, "bfloat16")
+        train(t, db, 8)
+        db.checkpoint(tmp_path / "ckpt")
+        at_checkpoint = t.lookup(keys)
+        train(t, db, 4)
+        before_close = t.lookup(keys)
+        assert not np.array_equal(before_close, at_checkpoint)
+    with evdb.open(tmp_path / "db") as db:
+        t = db.table("t")
+        assert t.config.dtype == "bfloat16" and t._top.values.dtype == np.uint16
+        np.testing.assert_array_equal(t.lookup(keys), before_close)
+        db.restore_in_place(tmp_path / "ckpt")
+        np.testing.assert_array_equal(t.lookup(keys), at_checkpoint)
+    with evdb.open(tmp_path / "work", restore=tmp_path / "ckpt") as db:
+        np.testing.assert_array_equal(db.table("t").lookup(keys), at_checkpoint)
+
+
+def test_a_float32_table_may_keep_bfloat16_on_disk_rounded_to_nearest(db: evdb.Database) -> None:
+    t = db.create_table("t", 8, dram_rows=4, disk=evdb.DiskConfig(dtype="bfloat16"))
+    values = np.random.default_rng(3).normal(size=(32, 8)).astype(np.float32)
+    t.upsert(np.arange(32), values)
+    got = t.lookup(np.arange(32))
+    on_disk = ~np.all(got == values, axis=1)
+    assert on_disk.sum() >= 20  # the rows evicted: read back rounded
+    np.testing.assert_array_equal(
+        got, np.where(on_disk[:, None], representable(values, "bfloat16"), values)
+    )
+
+
+# -- serving snapshots ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_serving_export_in_half_precision_serves_its_rows_rounded_to_nearest(
+    tmp_path: Path, dtype: str
+) -> None:
+    from evdb.io.export import export
+
+    values = np.random.default_rng(4).normal(size=(40, 8)).astype(np.float32)
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("t", 8, optimizer=Adagrad(lr=0.1))
+        t.upsert(np.arange(40), values)
+        manifest = export(db, tmp_path / "serve", dtype=dtype, chunk_rows=16)
+    assert manifest["dtype"] == dtype
+    with evdb.open(tmp_path / "serve", read_only=True) as served:
+        s = served.table("t")
+        assert s.config.dtype == dtype and s.config.disk is not None
+        assert s.config.disk.dtype == dtype
+        got = s.lookup(np.arange(40))
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, representable(values, dtype))
+        bags = s.lookup(np.arange(40), offsets=[0, 10, 25], combiner="sum")
+        np.testing.assert_allclose(bags[1], got[10:25].sum(0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bfloat16_export_to_a_file_format_is_refused_naming_serving(tmp_path: Path) -> None:
+    from evdb.errors import InvalidArgumentError
+    from evdb.io.export import export
+
+    with evdb.open(tmp_path / "db") as db:
+        db.create_table("t", 4).upsert([1], [[1.0, 2.0, 3.0, 4.0]])
+        with pytest.raises(InvalidArgumentError, match="dtype='bfloat16' needs format='serving'"):
+            export(db, tmp_path / "out", format="npz", dtype="bfloat16")
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"dtype must be one of \('float32', 'float16', 'bfloat16'\), got 'int8'",
+        ):
+            export(db, tmp_path / "out", dtype="int8")
+    assert not (tmp_path / "out").exists()
+
+
+# -- scans and upkeep ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_scans_neighbours_and_compaction_see_the_widened_rows(
+    db: evdb.Database, dtype: str
+) -> None:
+    rng = np.random.default_rng(7)
+    values = rng.normal(size=(30, 8)).astype(np.float32)
+    values[::3] *= 1e-3  # ten rows under the L2 threshold
+    t = half_table(db, dtype, l2_threshold=0.05)
+    twin = db.create_table("f", 8, disk=False, l2_threshold=0.05)
+    t.upsert(np.arange(30), values)
+    twin.upsert(np.arange(30), representable(values, dtype))  # the rows t holds, in float32
+    t.delete([4])  # a freed row inside the scanned block
+    twin.delete([4])
+    chunks = list(t.items(chunk_rows=7))
+    keys = np.concatenate([k for k, _ in chunks])
+    np.testing.assert_array_equal(np.concatenate([r for _, r in chunks]), twin.lookup(keys))
+    assert sorted(keys.tolist()) == sorted(set(range(30)) - {4})
+    for metric in ("cosine", "dot", "l2"):
+        got, want = (
+            t.neighbors(values[1], k=5, metric=metric),
+            twin.neighbors(values[1], k=5, metric=metric),
+        )
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    assert t.compact() == twin.compact()
+    assert sorted(k for a, _ in t.items() for k in a.tolist()) == sorted(
+        k for a, _ in twin.items() for k in a.tolist()
+    )
+    assert len(t) == 19
+
+
+def test_an_npz_round_trip_keeps_the_dtype_or_converts_it_when_asked(tmp_path: Path) -> None:
+    from evdb.io.export import export
+    from evdb.io.importer import import_vectors
+
+    keys = np.arange(64)
+    with evdb.open(tmp_path / "db") as db:
+        t = half_table(db, "bfloat16")
+        train(t, db, 5)
+        want = t.lookup(keys)
+        export(db, tmp_path / "out", format="npz", include_slots=True)
+    with evdb.open(tmp_path / "db2") as db:
+        import_vectors(db, "t", tmp_path / "out" / "t.npz", format="npz")
+        back = db.table("t")
+        assert (back.config.dtype, back.config.rounding) == ("bfloat16", "stochastic")
+        np.testing.assert_array_equal(back.lookup(keys), want)
+        import_vectors(db, "wide", tmp_path / "out" / "t.npz", format="npz", dtype="float32")
+        wide = db.table("wide")
+        assert wide.config.dtype == "float32" and wide._top.values.dtype == np.float32
+        np.testing.assert_array_equal(wide.lookup(keys), want)  # widening loses nothing

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["EXPORT_FORMATS", "export"]
 
 EXPORT_FORMATS = ("serving", "npz", "safetensors", "parquet", "word2vec", "word2vec-binary")
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")
 _WITH_SLOTS = ("npz", "safetensors", "parquet")
 _SUFFIX = {"serving": "", "npz": ".npz", "safetensors": ".safetensors", "parquet": ".parquet"}
 _SUFFIX |= {"word2vec": ".txt", "word2vec-binary": ".bin"}
@@ -95,9 +95,12 @@ def export(
         The tables to export; all by default.
     format : str
         One of ``EXPORT_FORMATS`` (see the module's table).
-    dtype : "float32" | "float16"
+    dtype : "float32" | "float16" | "bfloat16"
         Of the values; slots stay float32. float16 rounds, and values beyond its range become
-        inf (counted in each table's ``float16_overflows``). word2vec files are float32.
+        inf (counted in each table's ``float16_overflows``). word2vec files are float32;
+        bfloat16 is for ``format="serving"`` only. A serving snapshot of float16 or bfloat16
+        holds tables of that ``dtype`` (rounded to nearest even): its lookups read half the
+        bytes, widened to float32 as they are read.
     include_slots : bool
         Also write the optimizer slots (npz, safetensors, parquet). A table whose optimizer
         keeps none gets (n, 0) arrays, and no parquet column (pyarrow has no empty lists).
@@ -175,7 +178,7 @@ def export(
         job = _Job(tmp, chunk_rows, sum(e["rows"] for e in entries.values()), progress)
         try:
             if format == "serving":
-                _write_serving(job, db.step, selected, entries)
+                _write_serving(job, db.step, selected, entries, dtype)
             else:
                 for t in selected:
                     _write_file(job, t, format, entries[t.name], db.step)
@@ -201,6 +204,11 @@ def _check_arguments(
         raise InvalidArgumentError(f"format must be one of {EXPORT_FORMATS}, got {format!r}")
     if dtype not in DTYPES:
         raise InvalidArgumentError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype == "bfloat16" and format != "serving":
+        raise InvalidArgumentError(
+            f"dtype='bfloat16' needs format='serving' (the {format} files hold float32 or "
+            f"float16), got format={format!r}"
+        )
     if dtype != "float32" and format.startswith("word2vec"):
         raise InvalidArgumentError(
             f"dtype must be 'float32' for format={format!r} (its files hold float32), got {dtype!r}"
@@ -453,7 +461,7 @@ def _tokens(t: Table, keys: Int64Array) -> list[str]:
 
 
 def _write_serving(
-    job: _Job, step: int, selected: list[Table], entries: dict[str, dict[str, Any]]
+    job: _Job, step: int, selected: list[Table], entries: dict[str, dict[str, Any]], dtype: str
 ) -> None:
     """A new database of the live rows, flushed and closed; then only its checkpoint stays
     (read-only opens serve ``checkpoints/``): not the working copy, not the lock file."""
@@ -472,7 +480,8 @@ def _write_serving(
                 optimizer=SGD(),
                 keep_strings=t.config.keep_strings,
                 dram_rows=job.chunk_rows,
-                disk=DiskConfig(dtype="float16" if "float16_overflows" in entry else "float32"),
+                dtype=dtype,  # type: ignore[arg-type]  # half: stored so, on disk as well
+                disk=DiskConfig(dtype=dtype),  # type: ignore[arg-type]
             )
             for keys, values, _ in job.chunks(t, entry["rows"], False):
                 if "float16_overflows" in entry:

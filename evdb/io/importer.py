@@ -204,6 +204,8 @@ def _options_of(config: TableConfig) -> dict[str, Any]:
         "default_value": config.default_value,
         "dram": config.dram,
         "disk": False if config.disk is None else config.disk,
+        "dtype": config.dtype,  # a half-precision table comes back one, rows bit for bit
+        "rounding": config.rounding,
     }
 
 

@@ -23,19 +23,20 @@ import rocksdict
 
 from evdb._types import BoolArray, Int64Array
 from evdb.errors import CorruptDataError
-from evdb.records import RecordBatch, record_dtype
+from evdb.records import BFLOAT16, RecordBatch, record_dtype
 from evdb.tiers.base import Tier
 from evdb.tiers.keyfilter import KeyFilter
 from evdb.tiers.store import Compression, RocksStore, rocks_error
 
 __all__ = ["RocksStrings", "RocksTier", "decode_keys", "encode_keys"]
 
-DiskDtype = Literal["float32", "float16"]
+DiskDtype = Literal["float32", "float16", "bfloat16"]
 
 _SIGN = np.uint64(1 << 63)
 
 _F16_MAX = float(np.finfo(np.float16).max)
-_VALUE = {"float32": "<f4", "float16": "<f2"}  # record_dtype's value type per disk dtype
+# record_dtype's value type per disk dtype (bfloat16: bit patterns, a half-precision table's rows)
+_VALUE = {"float32": "<f4", "float16": "<f2", "bfloat16": BFLOAT16}
 
 
 def encode_keys(keys: Int64Array) -> list[bytes]:
@@ -50,7 +51,7 @@ def decode_keys(blob: bytes) -> Int64Array:
 
 
 def disk_dtype(dim: int, n_slots: int, dtype: DiskDtype) -> np.dtype:
-    """The record as stored: the canonical layout, with float16 values if asked."""
+    """The record as stored: the canonical layout, with float16 or bfloat16 values if asked."""
     return record_dtype(dim, n_slots, _VALUE[dtype])
 
 
@@ -395,5 +396,15 @@ class RocksTier(Tier):
             "bytes": int(sst + mem),
             "filter_bytes": self.filter.nbytes,
             "dtype": self.dtype,
+            # a record as written, by part (RocksDB's own overhead and compression aside): the
+            # key and the key filter are the index
+            "bytes_per_row_by_component": {
+                "values": self._record["value"].itemsize,
+                "slots": self._record["slots"].itemsize,
+                "metadata": self._record.itemsize
+                - self._record["value"].itemsize
+                - self._record["slots"].itemsize,
+                "index": 8 + self.filter.nbytes / max(self._rows, 1),
+            },
             **self.counters,
         }
