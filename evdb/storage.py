@@ -80,7 +80,7 @@ def _strings_family(table: str) -> str:
 
 def rocks_tier(store: RocksStore, name: str, config: TableConfig) -> RocksTier:
     """A table's rows in the store (its column family created if missing)."""
-    disk = config.disk or DiskConfig()
+    disk = config.disk or DiskConfig(dtype=config.dtype)  # what the table stores, at its size
     return RocksTier(
         store,
         _column_family(name),

@@ -292,6 +292,10 @@ def test_export_then_verify(db: Path, tmp_path: Path) -> None:
     assert ok_json("verify", dest)["ok"] is True
     half = ok_json("export", db, tmp_path / "half", "--format", "npz", "--dtype", "float16")
     assert set(half["tables"]) == {"item", "user"} and half["dtype"] == "float16"
+    bf16 = ok_json("export", db, tmp_path / "bf16", "--format", "serving", "--dtype", "bfloat16")
+    assert bf16["dtype"] == "bfloat16"
+    with evdb.open(tmp_path / "bf16", read_only=True) as served:
+        assert served.table("user").stats()["dtype"] == "bfloat16"
     assert "nope" in fails(4, "export", db, tmp_path / "o2", "--format", "npz", "--table", "nope")
 
 

@@ -423,3 +423,16 @@ def test_an_npz_round_trip_keeps_the_dtype_or_converts_it_when_asked(tmp_path: P
         wide = db.table("wide")
         assert wide.config.dtype == "float32" and wide._top.values.dtype == np.float32
         np.testing.assert_array_equal(wide.lookup(keys), want)  # widening loses nothing
+
+
+def test_a_table_without_a_disk_tier_persists_its_rows_in_its_dtype(tmp_path: Path) -> None:
+    from evdb.storage import rocks_tier
+    from evdb.tiers.store import RocksStore
+
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("t", dim=8, dtype="bfloat16", disk=False)
+        store = RocksStore(tmp_path / "rows", {})
+        try:  # where close() writes a DRAM-only table's rows: 2 bytes a value, as in DRAM
+            assert rocks_tier(store, "t", t.config).dtype == "bfloat16"
+        finally:
+            store.close()

@@ -48,7 +48,7 @@ __all__ = ["cmd_export", "cmd_import", "cmd_verify"]
 )
 @click.option(
     "--dtype",
-    type=click.Choice(["float32", "float16"]),
+    type=click.Choice(["float32", "float16", "bfloat16"]),
     default="float32",
     show_default=True,
     help="Type of the values written (slots stay float32).",
