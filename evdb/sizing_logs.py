@@ -125,7 +125,9 @@ def _load_log(
     if suffix == ".npz":
         with np.load(p, allow_pickle=False) as z:
             if column not in z.files:
-                raise InvalidArgumentError(f"{str(p)!r} has no array {column!r} (it has {z.files})")
+                raise InvalidArgumentError(
+                    f"column: {str(p)!r} has no array {column!r} (it has {z.files})"
+                )
             steps = z[step_column] if step_column and step_column in z.files else None
             return z[column], steps
     if suffix in (".parquet", ".pq"):
@@ -137,7 +139,9 @@ def _load_log(
             ) from None
         names = pq.read_schema(p).names
         if column not in names:
-            raise InvalidArgumentError(f"{str(p)!r} has no column {column!r} (it has {names})")
+            raise InvalidArgumentError(
+                f"column: {str(p)!r} has no column {column!r} (it has {names})"
+            )
         wanted = [column] + ([step_column] if step_column and step_column in names else [])
         t = pq.read_table(p, columns=wanted)
         keys = t.column(column).to_numpy()

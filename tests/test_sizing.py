@@ -248,6 +248,9 @@ def test_size_report_and_cli(tmp_path: Path) -> None:
     assert done.returncode == 0 and json.loads(done.stdout)["curve"] == []
     done = cli(tmp_path / "keys.npy", "--db", tmp_path / "db", "--table", "item", "--rows", "9")
     assert done.returncode == 0, done.stderr
+    np.savez(tmp_path / "log.npz", item=np.arange(10))
+    done = cli(tmp_path / "log.npz", "--db", tmp_path / "db", "--table", "item")
+    assert done.returncode == 2 and "--column: " in done.stderr and "no array 'key'" in done.stderr
     with evdb.open(tmp_path / "db2") as db:
         db.create_table("user", dim=4)
     done = cli(tmp_path / "t", "--db", tmp_path / "db2", "--table", "user")
