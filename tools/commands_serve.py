@@ -8,6 +8,9 @@ from pathlib import Path
 import click
 
 import evdb
+from evdb.manifest import MANIFEST
+from evdb.publish_root import HEAD
+from evdb.storage import POINTER
 
 from .exit_codes import EXIT_CODES
 from .paths import PATH_ARG, require_path
@@ -132,6 +135,12 @@ def cmd_serve(
     if follow:  # a root may have no HEAD yet: the workers wait for the first publication
         if not path.is_dir():
             raise FileNotFoundError(f"path: {path} is not a directory: not a publish root")
+        is_database = (path / POINTER).exists() or (path / MANIFEST).exists()
+        if is_database and not (path / HEAD).exists():  # it would wait for HEAD forever
+            raise click.UsageError(
+                f"path: {path} is an evdb database or export, not a publish root: serve it "
+                "without --follow, or follow the root a trainer publishes to (db.publish(root))"
+            )
     else:
         require_path(path, "path", "evdb database or serving export")
         # Fail here, once, rather than in each worker; the workers then skip the checksum pass.

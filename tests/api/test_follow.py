@@ -328,6 +328,9 @@ def test_cli_follow_options(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "need --follow" in r.output
     r = CliRunner().invoke(cli, ["serve", str(tmp_path), "--follow", "--poll-interval", "0"])
     assert r.exit_code == 2 and "poll-interval" in r.output
+    evdb.open(tmp_path / "db").close()  # a database, not a publish root: would wait forever
+    r = CliRunner().invoke(cli, ["serve", str(tmp_path / "db"), "--follow"])
+    assert r.exit_code == 2 and "not a publish root" in r.output and "db.publish" in r.output
 
 
 # -- a real server, two workers ---------------------------------------------------------------
