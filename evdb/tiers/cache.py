@@ -313,8 +313,7 @@ class ColumnCache(CacheTier):
         )  # fmt: skip
         if dev_out is not out:
             out[:] = self._host(dev_out)
-        pinned = rows if n == rows.shape[0] else rows[rows >= 0]
-        self._pinned_rows = np.concatenate([self._pinned_rows, pinned])
+        self._note_pulled(rows, n)
         return n
 
     def apply(
@@ -372,6 +371,12 @@ class ColumnCache(CacheTier):
     def pin(self, rows: Int64Array) -> None:
         self.is_pinned[self._dev(rows)] = True
         self._pinned_rows = np.concatenate([self._pinned_rows, rows])
+
+    def _note_pulled(self, rows: Int64Array, n: int) -> None:
+        """Remember the rows a pull stamped and pinned (all of them when n says every row was
+        found; else the found ones, rows >= 0), for ``unpin_all``."""
+        pinned = rows if n == rows.shape[0] else rows[rows >= 0]
+        self._pinned_rows = np.concatenate([self._pinned_rows, pinned])
 
     def unpin_all(self) -> None:
         self.kernels.clear_flags(self.is_pinned, self._dev(self._pinned_rows))

@@ -153,8 +153,7 @@ class LowpColumnCache(ColumnCache):
             )
         )  # fmt: skip
         self.kernels.widen_rows(self.values, rows, out)
-        pinned = rows if n == rows.shape[0] else rows[rows >= 0]
-        self._pinned_rows = np.concatenate([self._pinned_rows, pinned])
+        self._note_pulled(rows, n)
         return n
 
     def apply(

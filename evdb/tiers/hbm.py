@@ -258,8 +258,7 @@ class DeviceCache(ColumnCache):
                 self.last_step, self.version, self.is_dirty, self.is_pinned, self.values, out,
             )
         )  # fmt: skip
-        pinned = rows if n == rows.shape[0] else rows[rows >= 0]
-        self._pinned_rows = np.concatenate([self._pinned_rows, pinned])
+        self._note_pulled(rows, n)
         return n
 
     @_on_device
