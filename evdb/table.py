@@ -24,7 +24,7 @@ import numpy as np
 from evdb._types import Float32Array, Int64Array
 from evdb.arrays import float_matrix, occurrence_counts
 from evdb.config import TableConfig
-from evdb.errors import CapacityError, StorageError
+from evdb.errors import CapacityError, ConfigError, InvalidArgumentError, StorageError
 from evdb.kernels import backend
 from evdb.locking import exclusive
 from evdb.pulled import Pulled, PullLedger, Ticket
@@ -470,6 +470,21 @@ class Table(TableUpkeep):
         self._changes.touched(k)  # new rows: the next publication carries them
         self.meta.version = max(self.meta.version, int(records.version.max()))
         self._chain.evict(self._db.step, self._min_live())
+
+    @exclusive
+    def restore_strings(self, keys: Any, strings: list[str]) -> None:
+        """Put the original strings of keys whose records ``restore_records`` put (a table
+        copied with its strings); a table that does not keep strings refuses."""
+        self._db.check_writable()
+        if self._strings is None:
+            raise ConfigError(f"table {self.name!r} does not keep its strings (keep_strings)")
+        k = np.ascontiguousarray(keys, dtype=np.int64)
+        if k.shape[0] != len(strings):
+            raise InvalidArgumentError(
+                f"strings: {len(strings)} strings for {k.shape[0]} keys; give one a key"
+            )
+        if k.shape[0]:
+            self._strings.stored.put(k, strings)
 
     def __repr__(self) -> str:
         return f"Table({self.name!r}, dim={self.dim}, key_type={self.config.key_type!r})"

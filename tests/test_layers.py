@@ -13,7 +13,14 @@ ROOT = Path(__file__).resolve().parents[1] / "evdb"
 
 # Each layer may import the layers after it, never those before it.
 LAYERS = [
-    {"evdb.demo", "evdb.torch", "evdb.offline", "evdb.io.export", "evdb.io.importer"}
+    {
+        "evdb.demo",
+        "evdb.torch",
+        "evdb.offline",
+        "evdb.convert",
+        "evdb.io.export",
+        "evdb.io.importer",
+    }
     | {
         "evdb.torch_autograd",
         "evdb.torch_inputs",

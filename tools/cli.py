@@ -11,6 +11,7 @@ Usage (``evdb`` is also ``python -m evdb``)::
     evdb checkpoint PATH DEST [--base PREV] [--json]
     evdb verify PATH [--json]
     evdb reshard SRC DEST --shards M [--json]
+    evdb convert SRC DEST --dtype float32|bfloat16|float16 [--table T]... [--rounding R] [--json]
     evdb serve PATH [--host H] [--port P] [--workers N] [--token-file F]
                     [--allow-root DIR]... [--max-keys K] [--cache-rows R] [--mmap-reads]
                     [--no-dashboard] [--max-scan-rows N]
@@ -29,7 +30,7 @@ the command's flags where the library's message names their Python arguments
 traceback.
 
 This module holds the group and its dispatch; the commands live by what they act on:
-``commands_db`` (info, compact, checkpoint, reshard), ``commands_files`` (export, import,
+``commands_db`` (info, compact, checkpoint, reshard, convert), ``commands_files`` (export, import,
 verify), ``commands_serve`` (serve) and ``commands_warmup`` (warmup), over ``output`` (what
 they print), ``paths`` (the PATH checks) and ``exit_codes``.
 """
@@ -43,7 +44,7 @@ import click
 
 import evdb
 
-from .commands_db import cmd_checkpoint, cmd_compact, cmd_info, cmd_reshard
+from .commands_db import cmd_checkpoint, cmd_compact, cmd_convert, cmd_info, cmd_reshard
 from .commands_files import cmd_export, cmd_import, cmd_verify
 from .commands_serve import cmd_serve
 from .commands_size import cmd_size
@@ -123,6 +124,7 @@ for _command in (
     cmd_checkpoint,
     cmd_verify,
     cmd_reshard,
+    cmd_convert,
     cmd_serve,
     cmd_size,
     cmd_warmup,

@@ -1,5 +1,5 @@
-"""The ``evdb`` commands that act on a database in place: ``info``, ``compact``,
-``checkpoint`` and ``reshard`` (see :mod:`evdb.tools.cli`)."""
+"""The ``evdb`` commands that act on a whole database: ``info``, ``compact``, ``checkpoint``,
+``reshard`` and ``convert`` (see :mod:`evdb.tools.cli`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import click
 
 import evdb
 from evdb import offline
+from evdb.config import ROUNDINGS, ROW_DTYPES
+from evdb.convert import convert
 
 from .exit_codes import EXIT_CODES
 from .output import (
@@ -22,7 +24,7 @@ from .output import (
 )
 from .paths import PATH_ARG, is_sharded, require_path
 
-__all__ = ["cmd_checkpoint", "cmd_compact", "cmd_info", "cmd_reshard"]
+__all__ = ["cmd_checkpoint", "cmd_compact", "cmd_convert", "cmd_info", "cmd_reshard"]
 
 
 @click.command("info", epilog=EXIT_CODES, short_help="Show the step and the tables.")
@@ -255,3 +257,46 @@ def cmd_reshard(src: Path, dest: Path, shards: int, as_json: bool) -> None:
         print_json(result)
         return
     print_pairs([(k, result[k]) for k in ("dest", "shards", "step", "tables")])
+
+
+@click.command("convert", epilog=EXIT_CODES, short_help="Copy a database, rows in another dtype.")
+@click.argument("src", type=PATH_ARG)
+@click.argument("dest", type=PATH_ARG)
+@click.option(
+    "--dtype",
+    type=click.Choice(ROW_DTYPES),
+    required=True,
+    help="Row dtype of the converted tables (optimizer slots stay float32).",
+)
+@click.option(
+    "--table",
+    "tables",
+    metavar="T",
+    multiple=True,
+    help="Convert this table (repeatable; default: all); the others are copied as they are.",
+)
+@click.option(
+    "--rounding",
+    type=click.Choice(ROUNDINGS),
+    default=None,
+    help="Push rounding of the converted tables [default: each source table's].",
+)
+@json_option
+def cmd_convert(
+    src: Path, dest: Path, dtype: str, tables: tuple[str, ...], rounding: str | None, as_json: bool
+) -> None:
+    """Write the closed database SRC to a new database DEST with the rows of its tables in
+    DTYPE, rounded to nearest even; every row keeps its slots, counts, last step and version,
+    and every table its pending admission counts and strings, at SRC's step. SRC is not
+    changed, and a failed conversion leaves no DEST."""
+    require_path(src, "src")
+    with progress_bar("convert") as progress:
+        result = convert(
+            src, dest, dtype, tables=list(tables) or None, rounding=rounding, progress=progress
+        )
+    if as_json:
+        print_json(result)
+        return
+    print_pairs([(k, result[k]) for k in ("src", "dest", "dtype", "step")])
+    rows = [[n, t["rows"], t["from"], t["to"]] for n, t in result["tables"].items()]
+    print_table(["table", "rows", "from", "to"], rows)
