@@ -13,7 +13,9 @@ JSON, under ``/v1/dashboard`` (no admin action, nothing changes):
 - ``tables/{name}/distributions`` and ``tables/{name}/projection``: computed from a sample of
   at most 10,000 rows (``evdb.sampling``) taken once per snapshot, not per page load: the key
   frequencies as a log-log rank/frequency curve with its fitted slope, the rows' ages
-  (``step - last_step``) as a histogram against the TTL, and a 2-D PCA of at most 5,000 rows.
+  (``step - last_step``) as a histogram against the TTL, and a 2-D PCA of at most 5,000 rows;
+- ``tables/{name}/sizing`` (POST, a key trace in the body): ``evdb size`` of the trace
+  (``dashboard_sizing``), for the Sizing view.
 
 Every table is read as a ``ReadableTable`` (``evdb.view``): following a publish root, the
 publication's view, whose sample ``evdb.view_sample.SampleCache`` builds from its full's.
@@ -37,6 +39,7 @@ from evdb.sampling import RowSample
 from evdb.view import ReadableTable, TableView
 from evdb.view_sample import SampleCache
 
+from . import dashboard_sizing
 from .codec import JSON, ApiError, dumps
 from .deps import settings_of, table_of, use_snapshot
 from .openapi import error_responses
@@ -457,3 +460,7 @@ async def get_projection(name: str, request: Request) -> Response:
     with use_snapshot(request) as snap:
         view = request.app.state.views.get(snap, name)
         return Response(dumps(view.projection), media_type=JSON)
+
+
+# The Sizing view's route (``dashboard_sizing``), on this router: on and off with the rest.
+router.routes.extend(dashboard_sizing.router.routes)
