@@ -1,8 +1,9 @@
 """The snapshot being served, and the swap to a new one.
 
 A :class:`Snapshot` is a database opened read-only (a serving export, or a database nobody is
-writing to), and its tables as the routers read them: each a ``ReadableTable``
-(``evdb.view``), a ``Table`` itself here, a view at a publication's step following a publish
+writing to), or a quantised (int8/int4) serving export (``evdb.quantized``), and its tables as
+the routers read them: each a ``ReadableTable`` (``evdb.view``), a ``Table`` itself here, a
+``QuantizedTable`` of a quantised export, a view at a publication's step following a publish
 root (``api.follow``). :class:`SnapshotHolder` owns the current one. A request takes the current
 snapshot with :meth:`SnapshotHolder.acquire` and gives it back when its answer is built;
 :meth:`SnapshotHolder.swap` makes new requests see the new snapshot at once and closes the old
@@ -28,6 +29,7 @@ from typing import Any
 import xxhash
 
 import evdb
+from evdb.quantized import QuantizedSnapshot, is_quantized
 from evdb.view import ReadableTable
 
 log = logging.getLogger("evdb.api")
@@ -39,7 +41,7 @@ VERSION_HEADER = "X-Evdb-Version"
 
 @dataclass
 class Snapshot:
-    db: evdb.Database
+    db: evdb.Database | QuantizedSnapshot
     path: Path
     version: str
     loaded_at: float
@@ -59,10 +61,16 @@ class Snapshot:
     ) -> Snapshot:
         """Open ``path`` read-only (checksums verified unless ``verify=False``; ``cache_rows``
         rows of each table in DRAM; ``mmap_reads`` as ``evdb.open``'s) and name its version: a
-        hash of its manifest (an export or checkpoint) or of its pointer file (a database)."""
-        db = evdb.open(
-            path, read_only=True, verify=verify, cache_rows=cache_rows, mmap_reads=mmap_reads
-        )
+        hash of its manifest (an export or checkpoint) or of its pointer file (a database). A
+        quantised export is memory-mapped whole (``cache_rows`` and ``mmap_reads`` do not
+        apply: its rows are read in place)."""
+        db: evdb.Database | QuantizedSnapshot
+        if is_quantized(path):
+            db = QuantizedSnapshot(path, verify=verify)
+        else:
+            db = evdb.open(
+                path, read_only=True, verify=verify, cache_rows=cache_rows, mmap_reads=mmap_reads
+            )
         try:
             tag = path / "MANIFEST.json"
             if not tag.exists():

@@ -27,12 +27,14 @@ LAYERS = [
         "evdb.torch_metrics",
         "evdb.torch_checkpoint",
     }  # the binding's parts
+    | {"evdb.io.export_quantized"}  # the int8/int4 serving export's writer
     | {"evdb.distributed"}  # sharding: a layer above Database and Table (DESIGN)
     | {"evdb.sizing", "evdb.sizing_logs", "evdb.sizing_lru", "evdb.sizing_report"}  # tier sizing
     | {"evdb.__main__", "evdb.tools"},  # callers: the command line (tools/), tools, bindings
     {"evdb", "evdb.database", "evdb.storage", "evdb.checkpoint", "evdb.checkpoint_restore"}
     | {"evdb.manifest", "evdb.publish", "evdb.publish_root"}  # the facade, its files on disk
-    | {"evdb.view", "evdb.view_overlay", "evdb.view_sample"},  # a publication's tables, read
+    | {"evdb.view", "evdb.view_overlay", "evdb.view_sample"}  # a publication's tables, read
+    | {"evdb.quantized"},  # a quantised serving export's tables, read
     {"evdb.table"},  # Table, over its halves: training and direct writes,
     {"evdb.table_upkeep"},  # compaction, stats and persistence,
     {"evdb.table_scans"},  # whole-table reads,

@@ -11,7 +11,7 @@ import click
 
 import evdb
 from evdb import offline
-from evdb.io.export import EXPORT_FORMATS, export
+from evdb.io.export import DTYPES, EXPORT_FORMATS, export
 from evdb.io.importer import IMPORT_FORMATS
 
 from .exit_codes import EXIT_CODES
@@ -48,10 +48,12 @@ __all__ = ["cmd_export", "cmd_import", "cmd_verify"]
 )
 @click.option(
     "--dtype",
-    type=click.Choice(["float32", "float16", "bfloat16"]),
+    type=click.Choice(DTYPES),
     default="float32",
     show_default=True,
-    help="Type of the values written (slots stay float32).",
+    help="Type of the values written (slots stay float32). bfloat16, int8 and int4 need "
+    "--format serving; int8 and int4 are row-wise quantised (an fp16 scale and bias per "
+    "row), served by evdb serve from a memory map.",
 )
 @click.option("--include-slots", is_flag=True, help="Also write the optimizer slots.")
 @json_option
@@ -101,7 +103,12 @@ def cmd_export(
             [name, t.get("rows"), t.get("dim"), t.get("file")]
             for name, t in result["tables"].items()
         ]
-        print_table(["table", "rows", "dim", "file"], rows)
+        header = ["table", "rows", "dim", "file"]
+        if any("bytes_per_row" in t for t in result["tables"].values()):  # int8 / int4
+            header.append("bytes_per_row")
+            for row, t in zip(rows, result["tables"].values(), strict=True):
+                row.append(round(t["bytes_per_row"], 1))
+        print_table(header, rows)
 
 
 @click.command("import", epilog=EXIT_CODES, short_help="Import vectors into a table.")

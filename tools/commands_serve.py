@@ -10,6 +10,7 @@ import click
 import evdb
 from evdb.manifest import MANIFEST
 from evdb.publish_root import HEAD
+from evdb.quantized import is_quantized, open_quantized
 from evdb.storage import POINTER
 
 from .exit_codes import EXIT_CODES
@@ -109,10 +110,10 @@ def cmd_serve(
     grpc_port: int | None,
     log_level: str,
 ) -> None:
-    """Serve the tables of PATH (a serving export, or a database nobody writes to) for
-    online inference: /v1 lookups (JSON or raw bytes), the KServe v2 protocol, /metrics,
-    and POST /v1/admin/reload to swap in a new export. Docs at /docs (offline); a dashboard
-    at /dashboard unless --no-dashboard.
+    """Serve the tables of PATH (a serving export, int8 and int4 ones included, or a
+    database nobody writes to) for online inference: /v1 lookups (JSON or raw bytes), the
+    KServe v2 protocol, /metrics, and POST /v1/admin/reload to swap in a new export. Docs at
+    /docs (offline); a dashboard at /dashboard unless --no-dashboard.
 
     Needs the serve extra (pip install 'evdb[serve]'). Every worker opens PATH read-only;
     each keeps the rows it reads in its DRAM cache. With --follow, every worker follows the
@@ -141,6 +142,8 @@ def cmd_serve(
                 f"path: {path} is an evdb database or export, not a publish root: serve it "
                 "without --follow, or follow the root a trainer publishes to (db.publish(root))"
             )
+    elif is_quantized(path):  # an int8 / int4 export: its files, memory-mapped
+        open_quantized(path).close()  # checked here once, as below
     else:
         require_path(path, "path", "evdb database or serving export")
         # Fail here, once, rather than in each worker; the workers then skip the checksum pass.

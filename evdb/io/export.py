@@ -4,7 +4,9 @@
 format                 ``dest`` holds, besides ``MANIFEST.json``
 =====================  ====================================================================
 ``serving``            an evdb database of the live rows (SGD: no slots; no TTL, no
-                       admission) that ``evdb.open(dest, read_only=True)`` serves
+                       admission) that ``evdb.open(dest, read_only=True)`` serves; with
+                       ``dtype`` "int8" / "int4", ``<table>.evq`` frozen quantised rows
+                       that ``evdb.quantized`` (and ``evdb serve``) serves
 ``npz``                ``<table>.npz``: ``keys`` (n,) int64, ``values`` (n, dim), with
                        ``include_slots`` ``slots`` (n, k) float32, and ``config`` (uint8:
                        the table's config as JSON), which ``evdb import`` restores
@@ -50,6 +52,7 @@ from evdb.errors import (
     InvalidArgumentError,
     InvalidTypeError,
 )
+from evdb.io.export_quantized import QUANTIZED_DTYPES, SUFFIX, check_quantizable, write_quantized
 from evdb.io.vectors import write_vectors
 from evdb.optim import SGD
 
@@ -60,7 +63,7 @@ if TYPE_CHECKING:
 __all__ = ["EXPORT_FORMATS", "export"]
 
 EXPORT_FORMATS = ("serving", "npz", "safetensors", "parquet", "word2vec", "word2vec-binary")
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16", *QUANTIZED_DTYPES)
 _WITH_SLOTS = ("npz", "safetensors", "parquet")
 _SUFFIX = {"serving": "", "npz": ".npz", "safetensors": ".safetensors", "parquet": ".parquet"}
 _SUFFIX |= {"word2vec": ".txt", "word2vec-binary": ".bin"}
@@ -95,12 +98,14 @@ def export(
         The tables to export; all by default.
     format : str
         One of ``EXPORT_FORMATS`` (see the module's table).
-    dtype : "float32" | "float16" | "bfloat16"
+    dtype : "float32" | "float16" | "bfloat16" | "int8" | "int4"
         Of the values; slots stay float32. float16 rounds, and values beyond its range become
         inf (counted in each table's ``float16_overflows``). word2vec files are float32;
-        bfloat16 is for ``format="serving"`` only. A serving snapshot of float16 or bfloat16
-        holds tables of that ``dtype`` (rounded to nearest even): its lookups read half the
-        bytes, widened to float32 as they are read.
+        bfloat16, int8 and int4 are for ``format="serving"`` only. A serving snapshot of
+        float16 or bfloat16 holds tables of that ``dtype`` (rounded to nearest even): its
+        lookups read half the bytes, widened to float32 as they are read. int8 and int4 are
+        row-wise quantised (an fp16 scale and bias per row, ``evdb.io.export_quantized``),
+        served by ``evdb.quantized``; tables that keep strings are refused.
     include_slots : bool
         Also write the optimizer slots (npz, safetensors, parquet). A table whose optimizer
         keeps none gets (n, 0) arrays, and no parquet column (pyarrow has no empty lists).
@@ -163,6 +168,8 @@ def export(
         raise InvalidTypeError(f"db_or_path must be a Database or a path, got {db_or_path!r}")
     try:
         selected = _select(db, tables, format)
+        if dtype in QUANTIZED_DTYPES:
+            check_quantizable(selected, dtype)
         entries = {t.name: _entry(t, format, dtype, include_slots) for t in selected}
         manifest: dict[str, Any] = {
             "format": _checkpoint.FORMAT,
@@ -177,7 +184,12 @@ def export(
         tmp, owner = _checkpoint.temp_dir_beside(dest)
         job = _Job(tmp, chunk_rows, sum(e["rows"] for e in entries.values()), progress)
         try:
-            if format == "serving":
+            if dtype in QUANTIZED_DTYPES:
+                for t in selected:
+                    e = entries[t.name]
+                    rows = job.chunks(t, e["rows"], False)
+                    write_quantized(tmp / e["file"], t, e, db.step, rows, dtype)
+            elif format == "serving":
                 _write_serving(job, db.step, selected, entries, dtype)
             else:
                 for t in selected:
@@ -204,9 +216,9 @@ def _check_arguments(
         raise InvalidArgumentError(f"format must be one of {EXPORT_FORMATS}, got {format!r}")
     if dtype not in DTYPES:
         raise InvalidArgumentError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if dtype == "bfloat16" and format != "serving":
+    if dtype not in ("float32", "float16") and format != "serving":
         raise InvalidArgumentError(
-            f"dtype='bfloat16' needs format='serving' (the {format} files hold float32 or "
+            f"dtype={dtype!r} needs format='serving' (the {format} files hold float32 or "
             f"float16), got format={format!r}"
         )
     if dtype != "float32" and format.startswith("word2vec"):
@@ -254,7 +266,9 @@ def _select(db: Database, tables: Any, format: str) -> list[Table]:
 def _entry(t: Table, format: str, dtype: str, include_slots: bool) -> dict[str, Any]:
     """The table's manifest entry; the writers read the export's shape from it too."""
     entry: dict[str, Any] = {"rows": len(t), "dim": t.dim, "key_type": t.config.key_type}
-    entry["file"] = t.name + _SUFFIX[format]
+    entry["file"] = t.name + (SUFFIX if dtype in QUANTIZED_DTYPES else _SUFFIX[format])
+    if dtype in QUANTIZED_DTYPES:
+        entry["dtype"] = dtype
     if include_slots:
         entry["slots"] = t.config.optimizer.n_slots(t.dim)
     if dtype == "float16":
