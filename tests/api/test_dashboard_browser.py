@@ -11,6 +11,7 @@ under CI (``CI=true``), where they fail: ``.ci/run`` installs them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -330,3 +331,80 @@ def test_following_the_page_shows_one_version(browser: Any, tmp_path: Path) -> N
         )
         assert overlay.startswith("50 rows and removals since full seq 1")
         assert errors(browser) == []
+
+
+def test_bytes_a_row_by_component_are_shown(browser: Any, url: str) -> None:
+    """Each tier's bytes a row by component (``Table.stats()``) on its table's card, as the
+    summary the page read says them (not for a tier without rows: its index over no rows)."""
+    open_view(browser, url, "overview")
+    shown = browser.execute_script(
+        """return [...document.querySelectorAll('[data-row-bytes] [data-tier]')].map((s) =>
+           [s.closest('[data-row-bytes]').dataset.rowBytes, s.dataset.tier,
+            JSON.parse(s.dataset.components), s.textContent]);"""
+    )
+    summary = browser.execute_script("return state.summary")
+    want = {
+        (t["name"], tier): level["bytes_per_row_by_component"]
+        for t in summary["tables"]
+        for tier, level in t["stats"]["tiers"].items()
+        if "bytes_per_row_by_component" in level and level["rows"]
+    }
+    assert want and {(name, tier): parts for name, tier, parts, _ in shown} == want
+    for _, tier, parts, text in shown:
+        assert text.startswith(f"{tier}: ") and " B a row = " in text, text
+        assert sorted(p.split(" ")[0] for p in text.split(" = ")[1].split(" + ")) == sorted(parts)
+
+
+def test_the_sizing_view_draws_a_trace(
+    browser: Any, url: str, database: Path, tmp_path: Path
+) -> None:
+    """A trace picked in the Sizing view is analysed by the server and drawn: the chart's
+    points and the targets' rows are the route's answer for the same file."""
+    from selenium.webdriver.common.by import By
+
+    from .test_dashboard_sizing import record
+
+    with evdb.open(database, read_only=True) as db:
+        config = db.table("zipf").config
+    config = dataclasses.replace(config, dram=evdb.DramConfig(capacity_rows=300))
+    path = record(tmp_path / "zipf.trace", "zipf", config, seed=7)
+    browser.get_log("browser")
+    open_view(browser, url, "sizing", "zipf")
+    browser.find_element(By.ID, "sizing-file").send_keys(str(path))
+    browser.find_element(By.CSS_SELECTOR, "#sizing-form button").click()
+    wait(browser, "return !document.getElementById('sizing-result').hidden", 60)
+    assert wait(browser, DRAWN) == 1
+    answer = httpx.post(
+        f"{url}/v1/dashboard/tables/zipf/sizing",
+        content=path.read_bytes(),
+        headers={"content-type": "application/octet-stream"},
+        timeout=60,
+    ).json()
+    report = answer["report"]
+    points = json.loads(
+        browser.execute_script("return document.getElementById('chart-sizing').dataset.points")
+    )
+    assert points == [[c["dram_rows"], c["evdb_hit_rate"]] for c in report["curve"]]
+    rows = browser.execute_script(
+        """return [...document.querySelectorAll('#sizing-targets tbody tr')].map((tr) =>
+           [tr.dataset.target, ...[...tr.children].slice(1).map((td) => td.textContent)]);"""
+    )
+    fmt = lambda n: "not reached" if n is None else f"{n:,}"  # noqa: E731
+    assert rows == [
+        [t, fmt(v["evdb_rows"]), fmt(v["lru_rows"])] for t, v in report["targets"].items()
+    ]
+    facts = browser.execute_script("return document.getElementById('sizing-facts').textContent")
+    assert "dram_rows now 300" in facts and "configuration differs" in facts
+    assert errors(browser) == []
+
+
+def test_the_sizing_view_says_why_a_file_is_refused(browser: Any, url: str, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    bad = tmp_path / "keys.trace"
+    bad.write_bytes(b"not a trace at all")
+    open_view(browser, url, "sizing", "zipf")
+    browser.find_element(By.ID, "sizing-file").send_keys(str(bad))
+    browser.find_element(By.CSS_SELECTOR, "#sizing-form button").click()
+    script = "const e = document.getElementById('sizing-error'); return !e.hidden && e.textContent"
+    assert "not an evdb key trace" in wait(browser, script, 30)
