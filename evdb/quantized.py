@@ -47,6 +47,7 @@ __all__ = [
     "QUANTIZED_DTYPES",
     "QuantizedSnapshot",
     "QuantizedTable",
+    "info",
     "is_quantized",
     "open_quantized",
 ]
@@ -382,6 +383,31 @@ class QuantizedSnapshot:
 def open_quantized(path: str | os.PathLike[str], *, verify: bool = True) -> QuantizedSnapshot:
     """Open a quantised serving export read-only (see :class:`QuantizedSnapshot`)."""
     return QuantizedSnapshot(path, verify=verify)
+
+
+def info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``evdb.offline.info`` of a quantised serving export (the same shape): its step, and
+    each table's dim, key_type, config, rows and ``stats()`` (whose ``dtype`` and
+    ``tiers.dram.bytes_per_row`` say what a row costs served). Every file is verified."""
+    with open_quantized(path) as snap:
+        tables = {
+            name: {
+                "dim": t.dim,
+                "key_type": t.config.key_type,
+                "config": t.config.to_dict(),
+                "rows": len(t),
+                "stats": t.stats(),
+            }
+            for name in snap.tables()
+            for t in [snap.table(name)]
+        }
+        checkpoint = {"kind": snap.manifest["kind"], "created": snap.manifest.get("created")}
+        return {
+            "path": str(snap.path),
+            "step": snap.step,
+            "checkpoint": checkpoint,
+            "tables": tables,
+        }
 
 
 if TYPE_CHECKING:  # mypy checks that a quantised table satisfies the read protocol

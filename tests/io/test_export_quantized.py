@@ -215,3 +215,17 @@ def test_the_export_is_read_only_and_verifiable(source, tmp_path) -> None:
         q.table("w").lookup(keys[:10])
     after = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (tmp_path / "q").iterdir()}
     assert after == before
+
+
+def test_info_says_the_dtype_and_bytes_a_row(source, tmp_path) -> None:
+    from evdb.quantized import info
+
+    path, _, _ = source
+    export(path, tmp_path / "q", dtype="int4")
+    got = info(tmp_path / "q")
+    assert got["step"] == 4 and got["checkpoint"]["kind"] == "export-serving"
+    w = got["tables"]["w"]
+    assert (w["dim"], w["key_type"], w["rows"]) == (9, "int64", N)
+    assert w["stats"]["dtype"] == "int4"
+    assert 8 + 4 + 5 < w["stats"]["tiers"]["dram"]["bytes_per_row"] < 8 + 4 + 5 + 4
+    assert w["config"]["initializer"] == {"kind": "normal", "mean": 0.0, "std": 0.5, "seed": 11}
