@@ -234,7 +234,7 @@ def bench_zipf(args: argparse.Namespace) -> float:
         f"of {args.batch:,}; tables: dim {DIM}, Adagrad, Counter(min_count=2), ttl_steps=100, "
         f"LFU, RocksDB below. Traces recorded during the first table's run: 'default' = "
         f"KeyRecorder.for_table(table, rate={args.rate:g}) with its default min_keys="
-        f"{DEFAULT_MIN_KEYS:,}, which also raises the rate to {CURRENT_SIZE_ROWS:,} / the "
+        f"{DEFAULT_MIN_KEYS:,}, which also keeps at least {CURRENT_SIZE_ROWS:,} / the "
         f"table's dram_rows (ended at rate {r_def:.4f}, {d_def:,} distinct keys; miniatures "
         f"{m_def.tolist()} rows), "
         f"'fixed' = rate {args.rate:g}, min_keys=0 ({d_fix:,} distinct keys; miniatures "
@@ -255,9 +255,9 @@ def bench_zipf(args: argparse.Namespace) -> float:
     )  # fmt: skip
     if seeds:
         print(
-            f"\nother hash seeds: the default trace's recorder (its floor rate and min_keys "
-            f"{DEFAULT_MIN_KEYS:,}) on the same keys with seed=s, no real table; prediction - "
-            f"unsampled simulation, points"
+            f"\nother hash seeds: the default trace's recorder (its rate, keep_rate and "
+            f"min_keys {DEFAULT_MIN_KEYS:,}) on the same keys with seed=s, no real table; "
+            f"prediction - unsampled simulation, points"
         )
         print_table(
             ["seed", *[f"{r:,}" for r in sizes]],
@@ -287,14 +287,17 @@ def seed_errors(
     sizes: list[int],
     unsampled: np.ndarray,
 ) -> list[tuple[int, np.ndarray]]:
-    """``--seeds`` more hash seeds of the default trace (1, 2, ...), recorded at its rate
-    without a table: per seed, its predictions minus the unsampled simulation's."""
-    rate = read_trace(work / "zipf.trace").header.floor_rate or args.rate
+    """``--seeds`` more hash seeds of the default trace (1, 2, ...), recorded at its rate and
+    keep_rate without a table: per seed, its predictions minus the unsampled simulation's."""
+    header = read_trace(work / "zipf.trace").header
+    rate, keep = header.floor_rate or args.rate, header.keep_rate
     out = []
     for seed in range(1, args.seeds + 1):
         log(f"zipf: seed {seed}")
         path = work / f"seed{seed}.trace"
-        with KeyRecorder(path, table="item", config=config, rate=rate, seed=seed) as rec:
+        with KeyRecorder(
+            path, table="item", config=config, rate=rate, keep_rate=keep, seed=seed
+        ) as rec:
             for i, b in enumerate(batches):
                 rec.record("pull", b, i, counted=np.unique(b).shape[0])
         policy = simulate(read_trace(path), sizes)

@@ -6,7 +6,8 @@ and writes them, batch by batch with their operation and step, to one chunked fi
 can also come from the user's own logs (``read_key_log``: an npy, npz or parquet column of
 keys, with optional steps: ``evdb.sizing_logs``), sampled the same way as it is read.
 
-File format (little-endian; version 2, which adds ``min_keys`` to version 1's header)::
+File format (little-endian; version 2, which adds ``min_keys`` (and, optional, ``keep_rate``)
+to version 1's header)::
 
     "EVDBTRC1" | u32 header_len | header (UTF-8 JSON) | u32 crc32(header)
     chunk*:  "CHNK" | u32 n_batches | u64 n_keys | u32 crc32(payload) | payload
@@ -17,7 +18,8 @@ File format (little-endian; version 2, which adds ``min_keys`` to version 1's he
 The header names the table, the digest of its configuration (and the configuration itself,
 so ``evdb size`` can simulate it without the database), the sampling rate and seed, and
 ``min_keys``: the rate is raised while fewer keys than that were kept (fixed-size SHARDS,
-``evdb.trace_sample``; the reader drops the keys kept before it fell). ``seen``
+``evdb.trace_sample``; the reader drops the keys kept before it fell) but never below
+``keep_rate`` where that is set. ``seen``
 is each batch's key count before sampling, ``counted`` the accesses the table's hit and miss
 counters count for it (a pull's distinct keys, a lookup's positions; -1 if unknown). A batch's
 kept keys are one run of ``keys``; every call is a batch, also one that kept no key (its
@@ -89,9 +91,13 @@ _END_BODY = struct.Struct("<QQQ")
 _U32 = struct.Struct("<I")
 _CHUNK_KEYS = 1 << 20  # kept keys buffered before a chunk is written (8 MiB)
 _CHUNK_BATCHES = 1 << 16
-# for_table raises the rate so the table's own cache size gets a miniature of this many rows
-# (evdb.sizing_report.MIN_MINIATURE_ROWS: below it a size's answer spreads by a point or more)
-CURRENT_SIZE_ROWS = 1000
+# for_table keeps enough keys that the table's own cache size gets a miniature of this many
+# rows (evdb.sizing.MINIATURE_ROWS, what larger sizes get). What spreads a size's answer is
+# the share of the keys at the cache's edge the sample kept: at 10M Zipf(1.1) accesses, a
+# 5,000-row table's 1,000-row miniatures (rate 0.2) ranged -1.36 to +0.30 points over seven
+# hash seeds (seed 2 kept 4.7% more of the 5,000 hottest keys than its rate; a miniature
+# sized by that share was -0.49), 2,000-row ones (rate 0.4) -0.63 to +0.15.
+CURRENT_SIZE_ROWS = 2048
 
 
 class KeyRecorder:
@@ -114,6 +120,9 @@ class KeyRecorder:
         at ``rate``, with enough keys between for a small cache's miniature.
     seed : int
         Salt of the key hash (two recorders with one seed keep the same keys).
+    keep_rate : float, optional
+        Never keep less than this fraction, above ``rate`` (``for_table`` sets it), while
+        ``rate`` stays the floor ``evdb size`` may subsample larger sizes down to.
 
     Examples
     --------
@@ -140,6 +149,7 @@ class KeyRecorder:
         rate: float = 0.01,
         min_keys: int = DEFAULT_MIN_KEYS,
         seed: int = 0,
+        keep_rate: float | None = None,
         overwrite: bool = False,
     ) -> None:
         if not isinstance(table, str):
@@ -147,17 +157,27 @@ class KeyRecorder:
         if isinstance(min_keys, bool) or not isinstance(min_keys, int) or min_keys < 0:
             raise InvalidArgumentError(f"min_keys must be an int >= 0, got {min_keys!r}")
         conf = None if config is None else dict(_config_dict(config))
+        rate = parse_rate(rate)
+        if keep_rate is not None:
+            try:
+                keep_rate = parse_rate(keep_rate)
+            except InvalidArgumentError:
+                raise InvalidArgumentError(
+                    f"keep_rate must be None or a number in (0, 1], got {keep_rate!r}"
+                ) from None
+            keep_rate = None if keep_rate <= rate else keep_rate  # rate already keeps more
         self.header = TraceHeader(
             table,
             conf,
             config_digest(conf),
-            parse_rate(rate),
+            rate,
             parse_seed(seed),
             min_keys=min_keys,
+            keep_rate=keep_rate,
         )
         self.path = Path(path)
         self._salt = np.uint64(salt_of(seed))
-        self._smallest = SmallestHashes(min_keys, sample_threshold(self.header.rate))
+        self._smallest = SmallestHashes(min_keys, sample_threshold(keep_rate or rate))
         self._threshold = np.uint64(self._smallest.threshold)
         self._lock = threading.Lock()
         self._keys: list[Int64Array] = []
@@ -181,18 +201,18 @@ class KeyRecorder:
     ) -> KeyRecorder:
         """A recorder whose header names ``table`` and its configuration.
 
-        With ``min_keys`` (the default), ``rate`` is also raised to at least
-        ``CURRENT_SIZE_ROWS / rows`` for the table's smaller cache tier of ``rows`` (DRAM, or
-        HBM): ``evdb size`` then answers for the size the table has, and larger ones, with
-        miniatures of at least 1,000 rows. At 10M Zipf(1.1) accesses, 5,000 rows from ~290-row
-        miniatures were off by up to 2.3 points (sd 1.0 over eight seeds), from ~1,160-row
-        ones by up to 1.3 (sd 0.5)."""
+        With ``min_keys`` (the default), the recorder also keeps at least ``keep_rate =
+        CURRENT_SIZE_ROWS / rows`` of the keys for the table's smaller cache tier of ``rows``
+        (DRAM, or HBM): ``evdb size`` then answers for the size the table has with a miniature
+        of 2,048 rows, as it does larger sizes, which it may still subsample down to ``rate``
+        (a raised ``rate`` would make their miniatures, and the analysis, larger)."""
         caches = [table.config.dram.capacity_rows]
         if table.config.hbm is not None:
             caches.append(table.config.hbm.capacity_rows)
         smallest = min((c for c in caches if c), default=None)
+        keep_rate = None
         if min_keys and smallest is not None:
-            rate = max(parse_rate(rate), min(1.0, CURRENT_SIZE_ROWS / smallest))
+            keep_rate = min(1.0, CURRENT_SIZE_ROWS / smallest)
         return cls(
             path,
             table=table.name,
@@ -200,6 +220,7 @@ class KeyRecorder:
             rate=rate,
             min_keys=min_keys,
             seed=seed,
+            keep_rate=keep_rate,
             overwrite=overwrite,
         )
 
@@ -298,7 +319,8 @@ class KeyRecorder:
     def __repr__(self) -> str:
         return (
             f"KeyRecorder({str(self.path)!r}, table={self.header.table!r}, "
-            f"rate={self.header.rate}, min_keys={self.header.min_keys})"
+            f"rate={self.header.rate}, min_keys={self.header.min_keys}, "
+            f"keep_rate={self.header.keep_rate})"
         )
 
 
@@ -374,6 +396,7 @@ def read_trace(
         meta["rate"],
         meta["seed"],
         min_keys=int(meta.get("min_keys", 0)),
+        keep_rate=meta.get("keep_rate"),
     )
     _check_table(header, table, r.path)
     parts: list[tuple[np.ndarray, ...]] = []
@@ -455,13 +478,16 @@ def _assemble(header: TraceHeader, parts: list[tuple[np.ndarray, ...]], complete
 
 
 def _settle(trace: Trace) -> Trace:
-    """Drop the keys kept before the threshold fell to where it ended (``min_keys``)."""
+    """Drop the keys kept before the threshold fell to where it ended (``min_keys``), never
+    below ``keep_rate``; the trace's rate is then that of its keys, its ``floor_rate`` the
+    recorder's ``rate``."""
     header = trace.header
-    if header.min_keys <= 0:
+    if header.min_keys <= 0 and header.keep_rate is None:
         return trace
-    salt, floor = salt_of(header.seed), sample_threshold(header.rate)
+    lowest = header.keep_rate or header.rate
+    salt, floor = salt_of(header.seed), sample_threshold(lowest)
     threshold = final_threshold(trace.keys, salt, header.min_keys, floor)
     settled = trace.subsample(threshold)
-    rate = header.rate if threshold == floor else settled.header.rate  # the floor: as asked
+    rate = lowest if threshold == floor else settled.header.rate  # the floor: as asked
     header = dataclasses.replace(settled.header, rate=rate, floor_rate=header.rate)
     return dataclasses.replace(settled, header=header)

@@ -86,6 +86,10 @@ class TraceHeader:
     """The rate was raised to keep at least this many distinct keys (0: a fixed rate)."""
     floor_rate: float | None = None
     """In a ``Trace``: the recorder's rate, under ``rate`` (None: the same as ``rate``)."""
+    keep_rate: float | None = None
+    """The rate the recorder never fell below, above ``rate`` (``KeyRecorder.for_table``: a
+    miniature of ``CURRENT_SIZE_ROWS`` for the table's own size), while ``rate`` stays the
+    floor ``evdb size`` may subsample larger sizes down to; None: ``rate``."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +101,7 @@ class TraceHeader:
             "seed": self.seed,
             "source": self.source,
             "min_keys": self.min_keys,
+            "keep_rate": self.keep_rate,
         }
 
 

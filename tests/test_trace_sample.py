@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from evdb.errors import InvalidArgumentError
 from evdb.trace import KeyRecorder, read_trace, salt_of
 from evdb.trace_sample import FULL, SmallestHashes, SmallestHashesReference, key_hashes
 
@@ -135,7 +136,39 @@ def test_for_table_raises_the_rate_to_the_tables_own_size(tmp_path: Path) -> Non
                 ("free", free, {}),
             ]
         }
-        rates = {name: rec.header.rate for name, rec in got.items()}
+        rates = {name: rec.header.keep_rate or rec.header.rate for name, rec in got.items()}
+        floors = {rec.header.rate for rec in got.values()}
         for rec in got.values():
             rec.close()
     assert rates == {"small": 0.25, "fixed": 0.01, "hbm": 0.5, "big": 0.01, "free": 0.01}
+    assert floors == {0.01}  # the rate asked for stays the floor of the analysis
+
+
+def test_for_tables_raise_is_not_a_floor_for_larger_sizes(tmp_path: Path) -> None:
+    """The keys for_table keeps for the table's own size settle at its keep_rate, not lower,
+    while evdb size may still subsample a larger size's miniature down towards the rate
+    asked for (a raised rate was the floor: every size replayed all the kept keys)."""
+    import evdb
+    from evdb.sizing import MINIATURE_ROWS, size_thresholds
+    from evdb.trace import CURRENT_SIZE_ROWS
+
+    rows = 4 * CURRENT_SIZE_ROWS  # keep_rate 0.25
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("t", dim=4, dram_rows=rows)
+        with KeyRecorder.for_table(t, tmp_path / "t.trace", rate=0.01) as rec:
+            for b in range(50):  # 200,000 distinct keys: min_keys alone would fall to ~0.16
+                keys = np.arange(b * 4000, (b + 1) * 4000, dtype=np.int64)
+                rec.record("pull", keys, b)
+    tr = read_trace(tmp_path / "t.trace")
+    assert (tr.header.rate, tr.header.floor_rate, tr.header.keep_rate) == (0.25, 0.01, 0.25)
+    assert np.unique(tr.keys).shape[0] > 0.24 * 200_000
+    own, larger = size_thresholds(tr, [rows, 64 * rows]).tolist()
+    assert own == round(0.25 * FULL)  # its own size: every key kept
+    assert round(0.01 * FULL) <= larger < own and larger * 64 * rows >= MINIATURE_ROWS * FULL
+
+
+@pytest.mark.parametrize("keep_rate", [0, 1.5, "0.5", True])
+def test_a_bad_keep_rate_is_refused_naming_it(tmp_path: Path, keep_rate: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="keep_rate must be None or a number"):
+        KeyRecorder(tmp_path / "t.trace", table="t", keep_rate=keep_rate)  # type: ignore[arg-type]
+    assert not (tmp_path / "t.trace").exists()  # refused before the file is made
