@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 from _common import cpu_line, fmt_rate, log, print_table, versions_line, wall_line
+from _rocks_configs import evdb_options, parse
 from _rocks_floor import Replay, floor_replays
 from bench_tiers import GRAD_STD, TRAIN_LR, add_train_args, scratch_dir, zipf_batches
 
@@ -55,7 +56,8 @@ def rocks_tier(t: evdb.Table) -> RocksTier:
 
 def thread_cpu() -> dict[str, float]:
     """CPU seconds so far of each live thread of this process, by thread id, with its group:
-    ``main`` (the calling thread), ``rocksdb`` (RocksDB's background threads) or ``numba``.
+    ``main`` (the calling thread), ``rocksdb`` (RocksDB's background threads), ``reader`` (the
+    store's reader thread: half of a split multi-get, read aheads) or ``numba``.
     The kernel counts them in clock ticks (10 ms here): the timed steps take seconds."""
     out: dict[str, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
@@ -69,6 +71,8 @@ def thread_cpu() -> dict[str, float]:
             continue
         if tid == str(os.getpid()):
             group = "main"
+        elif comm.startswith("evdb-prefetch"):
+            group = "reader"  # the RocksDB store's reader thread (read ahead, split reads)
         else:
             group = "rocksdb" if comm.startswith("rocksdb") else "numba"
         out[f"{group}/{tid}"] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
@@ -76,7 +80,7 @@ def thread_cpu() -> dict[str, float]:
 
 
 def by_group(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    groups = {"main": 0.0, "numba": 0.0, "rocksdb": 0.0}
+    groups = {"main": 0.0, "numba": 0.0, "rocksdb": 0.0, "reader": 0.0}
     for name, cpu in after.items():
         groups[name.split("/")[0]] += cpu - before.get(name, 0.0)
     return groups
@@ -216,7 +220,7 @@ def train(
                 counters = rocks_tier(t).counters
                 run.found = counters["hits"] - counters0["hits"]
                 run.filtered = counters["filtered"] - counters0["filtered"]
-                if run.calls:
+                if run.calls and not args.no_floor:
                     log(f"  {name}: replaying {len(run.calls)} multi-gets bare (the floor)")
                     run.floor = floor_replays(rocks_tier(t), run.calls, args.tmpdir)
             db.drop_table("bench")  # close() then has no rows to write
@@ -262,12 +266,13 @@ def report(b: Run, a: Run, args: argparse.Namespace) -> None:
         ],
         rows,
     )
-    rocks_cpu = (a.get.cpu + a.put.cpu) / n + a.cpu["rocksdb"]
+    rocks_cpu = (a.get.cpu + a.put.cpu) / n + a.cpu["rocksdb"] + a.cpu["reader"]
     floor = (b.cpu["main"] + rocks_cpu) / args.cores
     print()
     print(
         f"RocksDB's CPU a step in run A: {ms(rocks_cpu)} ms (get {ms(a.get.cpu / n)}, put "
-        f"{ms(a.put.cpu / n)}, background threads {ms(a.cpu['rocksdb'])})"
+        f"{ms(a.put.cpu / n)}, background threads {ms(a.cpu['rocksdb'])}, reader thread "
+        f"{ms(a.cpu['reader'])})"
     )
     print(
         f"A's step on {args.cores} cores cannot be shorter than (B's calling thread "
@@ -315,6 +320,54 @@ def report_reads(a: Run, args: argparse.Namespace) -> None:
     )
 
 
+def compare_configs(
+    b: Run, dram_rows: int, batches: list[np.ndarray], grads: np.ndarray, args: Any
+) -> None:
+    """Run A under each of ``--configs`` in turn, ``--reps`` rounds, and print RocksDB's CPU
+    a step for each run (the calling thread's get and put, the background threads)."""
+    n, rows = args.train_steps, []
+    for rep in range(args.reps):
+        for name in args.configs:
+            with evdb_options(parse(name)):
+                a = train(f"A {name or '(evdb)'}", dram_rows, batches, grads, args)
+            asked = max(1, a.get.keys - a.filtered)
+            rocks_cpu = (a.get.cpu + a.put.cpu) / n + a.cpu["rocksdb"] + a.cpu["reader"]
+            log(f"  {a.name} round {rep}: RocksDB {ms(rocks_cpu)} ms a step")
+            rows.append(
+                [
+                    name or "(evdb)",
+                    str(rep),
+                    ms(a.step),
+                    ms(a.median_step),
+                    ms(a.get.cpu / n),
+                    f"{a.parts['multi_get'].cpu / asked * 1e6:.2f}",
+                    ms(a.put.cpu / n),
+                    ms(a.cpu["rocksdb"]),
+                    ms(a.cpu["reader"]),
+                    ms(rocks_cpu),
+                    f"{b.step / a.step:.2f}",
+                ]
+            )
+    print_table(
+        [
+            "options",
+            "round",
+            "A step ms",
+            "median",
+            "get ms",
+            "multi-get us/key",
+            "put ms",
+            "background ms",
+            "reader ms",
+            "RocksDB CPU ms",
+            "A / B",
+        ],
+        rows,
+        first_left=1,
+    )
+    print(f"B (all in DRAM): step {ms(b.step)} ms, median {ms(b.median_step)} ms")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_train_args(p)
@@ -324,6 +377,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tmpdir", default=None, help="where the stores live")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run: small sizes, seconds")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        default=None,
+        help="RocksDB option sets to run A under, in turn (flags of bench/_rocks_configs.py, "
+        "comma-separated; '' for evdb's options): prints RocksDB's CPU a step for each",
+    )
+    p.add_argument("--reps", type=int, default=1, help="rounds of --configs")
+    p.add_argument("--no-floor", action="store_true", help="skip the bare replays")
     args = p.parse_args(argv)
     if args.quick:
         args.zipf_keys, args.train_batch = 200_000, 2048
@@ -342,6 +404,10 @@ def main(argv: list[str] | None = None) -> None:
     dram_rows = max(1, round(args.dram_share * args.zipf_keys))
     b = train("B: all in DRAM", None, batches, grads, args)
     log(f"  B: {fmt_rate(args.train_batch / b.step)}")
+    if args.configs is not None:
+        compare_configs(b, dram_rows, batches, grads, args)
+        print(wall_line())
+        return
     a = train("A: DRAM + disk", dram_rows, batches, grads, args)
     log(f"  A: {fmt_rate(args.train_batch / a.step)}")
     print()

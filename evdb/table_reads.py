@@ -365,9 +365,10 @@ class TableReads:
         if missing:
             miss = rows[:n] < 0
             if self._chain.has_rows_below:
-                out[miss], have = self._read_below(k[miss], promote, later, min_live)
+                where = np.flatnonzero(miss)
+                have = self._read_below(k[where], promote, later, min_live, out, where)
                 if found is not None:
-                    found[miss] = have
+                    found[where] = have
             else:
                 self._chain.count_not_found(missing, "lookup")
                 out[miss] = self.defaults(k[miss])
@@ -417,7 +418,9 @@ class TableReads:
             miss = np.flatnonzero(dp.keys_to_host(rows_dev) < 0)
             k_miss = dp.keys_to_host(k)[miss]
             if self._chain.has_rows_below:
-                values, _ = self._read_below(k_miss, promote, later, min_live)
+                values = np.empty((k_miss.shape[0], self.dim), dtype=np.float32)
+                at = np.arange(k_miss.shape[0])
+                self._read_below(k_miss, promote, later, min_live, values, at)
             else:
                 self._chain.count_not_found(missing, "lookup")
                 values = self.defaults(k_miss)
@@ -430,27 +433,39 @@ class TableReads:
         promote: bool,
         later: list[Int64Array] | None,
         min_live: int,
-    ) -> tuple[Float32Array, BoolArray]:
-        """Values of keys the top tier lacks: their rows below where live, else defaults,
-        and which keys had a live row; with ``promote``, the rows found are cached (clean);
-        with ``later``, their keys are added to it."""
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        values = np.empty((uniq.shape[0], self.dim), dtype=np.float32)
+        out: Float32Array,
+        at: Int64Array,
+    ) -> BoolArray:
+        """Write into ``out[at]`` the values of keys the top tier lacks: their rows below where
+        live, else defaults; return which keys had a live row. With ``promote``, the rows
+        found are cached (clean); with ``later``, their keys are added to it. Distinct keys'
+        rows go from the read into out in one scatter."""
+        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
         have = np.zeros(uniq.shape[0], dtype=bool)
-        found, records = self._fetch(uniq, "lookup")
+        found, records = self._fetch(uniq, "lookup")  # (sorted keys: read in this order)
+        hit = np.flatnonzero(found)
         if records is not None and len(records):
             live = records.last_step >= min_live
-            at = np.flatnonzero(found)[live]
-            values[at] = records.values[live]
-            have[at] = True
-            if promote and at.size:
-                self._cache(uniq[at], records.take(live))
-            elif later is not None and at.size:
-                later.append(uniq[at])
-        if not have.all():  # defaults only where no row was found (they cost a hash each)
-            values[~have] = self.defaults(uniq[~have])
-        inverse = inverse.ravel()
-        return values[inverse], have[inverse]
+            if not live.all():
+                hit, records = hit[live], records.take(live)
+            have[hit] = True
+            if promote and hit.size:
+                self._cache(uniq[hit], records)
+            elif later is not None and hit.size:
+                later.append(uniq[hit])
+        if records is not None and hit.size == uniq.shape[0]:
+            values = records.values  # every key found: the rows read are the values
+        else:
+            values = np.empty((uniq.shape[0], self.dim), dtype=np.float32)
+            if records is not None and hit.size:
+                values[hit] = records.values
+            values[~have] = self.defaults(uniq[~have])  # (they cost a hash each)
+        if uniq.shape[0] == keys.shape[0]:
+            out[at[first]] = values  # distinct keys: each row lands once, straight from the read
+        else:
+            out[at] = values[inverse]
+        return have[inverse]
 
     def _promote_read(self, keys: Int64Array) -> None:
         """Cache (clean) the live rows below of keys the top tier still lacks: what a shared

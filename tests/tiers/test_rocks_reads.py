@@ -4,15 +4,18 @@ of earlier versions read back."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 import pytest
 import rocksdict
 
-from evdb.errors import CorruptDataError
+from evdb.errors import CorruptDataError, StorageError
 from evdb.records import FIELDS, RecordBatch
+from evdb.tiers import rocks as rocks_module
 from evdb.tiers import store, store_options
 from evdb.tiers.rocks import RocksTier, encode_keys
 from evdb.tiers.store import RocksStore
@@ -59,6 +62,55 @@ def test_get_matches_a_dict_of_what_was_written(
         found, got = tier.get(keys)
         assert found.tolist() == [k in written for k in keys.tolist()]
         assert_same(got, reference_get(written, rows, keys))
+
+
+def _written_tier(rocks: RocksStore, n: int) -> tuple[RocksTier, RecordBatch]:
+    tier = RocksTier(rocks, "t.x", DIM, SLOTS)
+    rows = records(n, seed=3)
+    tier.put(np.arange(n, dtype=np.int64) * 3, rows)
+    rocks.checkpoint(rocks.path.with_name("ckpt"))  # in files, not only the memtable
+    return tier, rows
+
+
+@pytest.mark.parametrize("reader", ["free", "busy"])
+def test_a_split_multi_get_reads_what_one_multi_get_reads(
+    rocks: RocksStore, monkeypatch: pytest.MonkeyPatch, reader: str
+) -> None:
+    """Two halves read at once (the second on the reader thread, or here after the first
+    when the reader is busy) give the records of one multi-get, in input order."""
+    monkeypatch.setattr(rocks_module, "_MANY_CORES", True)
+    monkeypatch.setattr(rocks_module, "SPLIT_KEYS", 16)
+    tier, rows = _written_tier(rocks, 500)
+    gate = threading.Event()
+    if reader == "busy":  # (a split half queued behind this is read on the calling thread)
+        rocks.read_later(lambda: gate.wait(30))
+    try:
+        rng = np.random.default_rng(1)
+        for n in (15, 16, 17, 301):
+            keys = rng.integers(-20, 1600, n).astype(np.int64)  # misses, repeats, any order
+            found, got = tier.get(keys)
+            assert found.tolist() == [k % 3 == 0 and 0 <= k < 1500 for k in keys.tolist()]
+            assert_same(got, rows.take(keys[found] // 3))
+    finally:
+        gate.set()
+
+
+def test_a_split_half_that_fails_on_the_reader_is_named(
+    rocks: RocksStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rocks_module, "_MANY_CORES", True)
+    monkeypatch.setattr(rocks_module, "SPLIT_KEYS", 16)
+    tier, _ = _written_tier(rocks, 100)
+
+    def failing(read: object) -> Future[object]:
+        f: Future[object] = Future()
+        f.set_running_or_notify_cancel()  # (started: it cannot be taken back)
+        f.set_exception(Exception("IO error: Input/output error while reading"))
+        return f
+
+    monkeypatch.setattr(rocks, "read_later", failing)
+    with pytest.raises(StorageError, match=r"read of 't\.x'.*Input/output error"):
+        tier.get(np.arange(100, dtype=np.int64) * 3)
 
 
 def test_a_record_of_the_wrong_size_is_named_as_damage(rocks: RocksStore) -> None:
