@@ -51,10 +51,13 @@ from evdb.sizing_kernels import (
     sample_threshold,
 )
 from evdb.trace_format import (
+    CHUNK,
+    CHUNK_HEAD,
     DEFAULT_MIN_KEYS,
     MAGIC,
     OPS,
     READS,
+    ChunkWriter,
     Trace,
     TraceHeader,
     config_digest,
@@ -84,13 +87,12 @@ __all__ = [
     "salt_of",
 ]
 
-_CHUNK = b"CHNK"
 _END = b"END!"
-_CHUNK_HEAD = struct.Struct("<4sIQI")
 _END_BODY = struct.Struct("<QQQ")
 _U32 = struct.Struct("<I")
 _CHUNK_KEYS = 1 << 20  # kept keys buffered before a chunk is written (8 MiB)
 _CHUNK_BATCHES = 1 << 16
+PROBE_EVERY = 64  # min_keys: most calls between two probes of the smallest hashes
 # for_table keeps enough keys that the table's own cache size gets a miniature of this many
 # rows (evdb.sizing.MINIATURE_ROWS, what larger sizes get). What spreads a size's answer is
 # the share of the keys at the cache's edge the sample kept: at 10M Zipf(1.1) accesses, a
@@ -184,9 +186,13 @@ class KeyRecorder:
         self._meta: list[tuple[int, int, int, int, int]] = []  # op, step, kept, seen, counted
         self._buffered = 0
         self.batches = self.kept = self.seen = 0
+        self._probe_every = 1  # min_keys: calls between probes of the smallest hashes
+        self._probe_wait = 0
+        self._closed = False
         self._file = open(self.path, "wb" if overwrite else "xb")
         head = json.dumps(self.header.to_dict(), sort_keys=True).encode()
         self._file.write(MAGIC + _U32.pack(len(head)) + head + _U32.pack(zlib.crc32(head)))
+        self._writer = ChunkWriter(self._file, table)
 
     @classmethod
     def for_table(
@@ -237,7 +243,7 @@ class KeyRecorder:
         distinct keys; a lookup counts every position, the default for "lookup"). Cheap: one
         numba pass over the keys and a copy of the kept ones (about ``rate`` of them)."""
         code = op_code(op)
-        if self._file.closed:
+        if self._closed:
             raise InvalidArgumentError(f"the recorder of {str(self.path)!r} is closed")
         k = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
         if k.dtype != np.int64 or k.ndim != 1:
@@ -247,68 +253,78 @@ class KeyRecorder:
             counted = n if code == 1 else -1
         threshold = self._threshold  # read once: another thread may lower it (still safe)
         hashes = None
-        if threshold == FULL and self._smallest.settled:  # rate 1
+        settled = self._smallest.settled
+        if threshold == FULL and settled:  # rate 1
             kept = k.copy()
         else:
             if not k.flags.c_contiguous:
                 k = np.ascontiguousarray(k)
             out = np.empty(n, dtype=np.int64)
-            if self._smallest.settled and threshold < SPARSE_THRESHOLD:
+            if settled and threshold < SPARSE_THRESHOLD:
                 scratch = np.empty(n, dtype=np.uint64)
                 kept = out[: sample_sparse_into(k, self._salt, threshold, out, scratch)].copy()
-            elif self._smallest.settled:
+            elif settled or self._probe_wait > 0:  # (min_keys: see _probed)
+                self._probe_wait -= 1
                 kept = out[: sample_into(k, self._salt, threshold, out)].copy()
             else:  # min_keys: the kept keys' hashes lower the threshold
                 hashes = np.empty(n, dtype=np.uint64)
                 kept = out[: sample_hashed_into(k, self._salt, threshold, out, hashes)].copy()
         with self._lock:
             if hashes is not None:  # fixed-size SHARDS: the threshold falls
-                self._threshold = np.uint64(self._smallest.add(hashes, kept.shape[0]))
+                self._probed(hashes, kept.shape[0])
             self.batches += 1
             self.seen += n
             self._keys.append(kept)
             self._meta.append((code, int(step), kept.shape[0], n, int(counted)))
             self._buffered += kept.shape[0]
             if self._buffered >= _CHUNK_KEYS or len(self._meta) >= _CHUNK_BATCHES:
-                self._write_chunk()
+                self._hand_over()
 
-    def _write_chunk(self) -> None:
-        # The payload's columns are written and checksummed one by one, not joined: at rate
-        # 0.38 a chunk of 1M keys cost 15 ms of copies (tobytes, join) and 4 ms of crc32,
-        # 60 us a step of 8,192 keys, and now costs the crc32 and one concatenate.
+    def _probed(self, hashes: np.ndarray, n: int) -> None:
+        """Enter a call's kept hashes among the smallest; a probe that found no new one
+        doubles the calls until the next (up to PROBE_EVERY): a key space that stopped
+        growing costs a probe per kept key on one call in 64, not every call (7 us of a
+        250 us step at rate 0.38). A call between that would have lowered the threshold keeps
+        a few more keys, which the reader drops (``_settle``)."""
+        size, before = self._smallest.size, self._smallest.threshold
+        self._threshold = np.uint64(self._smallest.add(hashes, n))
+        if self._smallest.size != size or self._smallest.threshold != before:
+            self._probe_every = 1
+        else:
+            self._probe_every = min(2 * self._probe_every, PROBE_EVERY)
+        self._probe_wait = self._probe_every - 1
+
+    def _hand_over(self) -> None:
+        """The buffered calls to the writer thread, as one chunk (``ChunkWriter``)."""
         if not self._meta:
             return
-        meta = np.array(self._meta, dtype="<i8").reshape(-1, 5)
-        keys = np.concatenate(self._keys).astype("<i8", copy=False)
-        columns = [meta[:, 0].astype(np.uint8)]
-        columns += [np.ascontiguousarray(meta[:, j]) for j in range(1, 5)]
-        columns.append(keys)
-        crc = 0
-        for column in columns:
-            crc = zlib.crc32(column.data.cast("B"), crc)
-        self._file.write(_CHUNK_HEAD.pack(_CHUNK, meta.shape[0], keys.shape[0], crc))
-        for column in columns:
-            self._file.write(column.data.cast("B"))
-        self.kept += keys.shape[0]
+        self._writer.put(self._meta, self._keys)
+        self.kept += self._buffered
         self._keys, self._meta, self._buffered = [], [], 0
 
     def flush(self) -> None:
         """Write the buffered batches as a chunk (a reader with ``allow_incomplete`` sees
         them)."""
         with self._lock:
-            if not self._file.closed:
-                self._write_chunk()
+            if not self._closed:
+                self._hand_over()
+                self._writer.drain()
                 self._file.flush()
 
     def close(self) -> None:
-        """Write what is buffered and the end record; the file is then complete."""
+        """Write what is buffered and the end record; the file is then complete. A chunk
+        that failed to be written is raised here (the file is closed without its end)."""
         with self._lock:
-            if self._file.closed:
+            if self._closed:
                 return
-            self._write_chunk()
-            body = _END_BODY.pack(self.batches, self.kept, self.seen)
-            self._file.write(_END + body + _U32.pack(zlib.crc32(body)))
-            self._file.close()
+            self._closed = True
+            try:
+                self._hand_over()
+                self._writer.close()
+                body = _END_BODY.pack(self.batches, self.kept, self.seen)
+                self._file.write(_END + body + _U32.pack(zlib.crc32(body)))
+            finally:
+                self._file.close()
 
     def __enter__(self) -> KeyRecorder:
         return self
@@ -413,8 +429,8 @@ def read_trace(
             if r.pos != len(r.data):
                 raise r.bad("bytes after the end record")
             break
-        _, b, m, crc = _CHUNK_HEAD.unpack(r.take(_CHUNK_HEAD.size, "a chunk header"))
-        if tag != _CHUNK:
+        _, b, m, crc = CHUNK_HEAD.unpack(r.take(CHUNK_HEAD.size, "a chunk header"))
+        if tag != CHUNK:
             raise r.bad(f"a chunk header expected, found {tag!r}")
         payload = r.take(b * 33 + m * 8, f"a chunk of {b} batches and {m} keys")
         if zlib.crc32(payload) != crc:

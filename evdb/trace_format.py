@@ -1,13 +1,29 @@
-"""A key trace's file constants and its in-memory form (``evdb.trace`` reads and writes it)."""
+"""A key trace's file constants, its in-memory form (``evdb.trace`` reads and writes it), and
+the thread that writes its chunks.
+
+``KeyRecorder.record`` buffers each call's kept keys; every 1M of them (or 65,536 calls) make a
+chunk, whose columns are checksummed (crc32) and written to the file. At rate 0.38 that was a
+chunk every ~340 steps of 8,192 keys, 5.5 ms of crc32 alone (1.45 GB/s here) and the write:
+some 20-30 us a step, as much as the sampling itself, paid by one step in 340. A
+``ChunkWriter`` takes the chunk's buffers from the calling thread, which goes on, and writes
+them on a thread of its own (zlib's crc32 and the file's write release the GIL). At most
+``QUEUED`` chunks wait, so a disk slower than the recording blocks ``record`` instead of
+growing memory; a write that fails is raised by the next ``put``, ``drain`` or ``close``, on
+the caller's thread.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import queue
+import struct
+import threading
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -16,11 +32,15 @@ from evdb.errors import InvalidArgumentError
 from evdb.trace_sample import FULL, keep_under
 
 __all__ = [
+    "CHUNK",
+    "CHUNK_HEAD",
     "DEFAULT_MIN_KEYS",
     "FORMAT",
     "MAGIC",
     "OPS",
+    "QUEUED",
     "READS",
+    "ChunkWriter",
     "Trace",
     "TraceHeader",
     "config_digest",
@@ -28,6 +48,7 @@ __all__ = [
     "parse_rate",
     "parse_seed",
     "salt_of",
+    "write_chunk",
 ]
 
 OPS = ("pull", "lookup")  # op codes 0 and 1 in the file
@@ -35,6 +56,9 @@ FORMAT = 2
 READS = (1, 2)  # version 1: no min_keys (a fixed rate)
 DEFAULT_MIN_KEYS = 32_768
 MAGIC = b"EVDBTRC1"
+CHUNK = b"CHNK"
+CHUNK_HEAD = struct.Struct("<4sIQI")
+QUEUED = 2  # chunks waiting for the writer thread at most
 
 
 def config_digest(config: Mapping[str, Any] | None) -> str:
@@ -160,3 +184,69 @@ def op_code(op: str) -> int:
         return OPS.index(op)
     except ValueError:
         raise InvalidArgumentError(f"op must be one of {OPS}, got {op!r}") from None
+
+
+# -- the writer thread ------------------------------------------------------------------
+Batches = list[tuple[int, int, int, int, int]]  # op, step, kept, seen, counted per call
+
+
+def write_chunk(file: BinaryIO, meta_rows: Batches, keys: list[Int64Array]) -> None:
+    """One chunk: ``CHNK | u32 n_batches | u64 n_keys | u32 crc32(payload) | payload``, the
+    payload's columns checksummed and written one by one, not joined (joining a chunk of 1M
+    keys at rate 0.38 cost 15 ms of copies)."""
+    meta = np.array(meta_rows, dtype="<i8").reshape(-1, 5)
+    flat = np.concatenate(keys).astype("<i8", copy=False) if keys else np.zeros(0, "<i8")
+    columns = [meta[:, 0].astype(np.uint8)]
+    columns += [np.ascontiguousarray(meta[:, j]) for j in range(1, 5)]
+    columns.append(flat)
+    crc = 0
+    for column in columns:
+        crc = zlib.crc32(column.data.cast("B"), crc)
+    file.write(CHUNK_HEAD.pack(CHUNK, meta.shape[0], flat.shape[0], crc))
+    for column in columns:
+        file.write(column.data.cast("B"))
+
+
+class ChunkWriter:
+    """Writes the chunks handed to ``put`` to ``file``, in order, on a daemon thread."""
+
+    def __init__(self, file: BinaryIO, name: str) -> None:
+        self._file = file
+        self._queue: queue.Queue[tuple[Batches, list[Int64Array]] | None] = queue.Queue(QUEUED)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"evdb-trace {name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:  # after a failure nothing more is written
+                    write_chunk(self._file, *item)
+            except BaseException as e:  # raised on the caller's thread, by raise_error
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def put(self, meta_rows: Batches, keys: list[Int64Array]) -> None:
+        """Queue a chunk (blocks while ``QUEUED`` wait)."""
+        self.raise_error()
+        self._queue.put((meta_rows, keys))
+
+    def drain(self) -> None:
+        """Wait until every chunk queued is written."""
+        self._queue.join()
+        self.raise_error()
+
+    def close(self) -> None:
+        """Write what is queued and stop the thread."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self.raise_error()

@@ -104,6 +104,11 @@ class SmallestHashes:
         """True once the threshold is the floor (it can fall no further)."""
         return self.threshold <= self.floor
 
+    @property
+    def size(self) -> int:
+        """How many hashes it holds (at most ``min_keys``)."""
+        return self._size
+
     def sorted_hashes(self) -> np.ndarray:
         return np.sort(self._heap[: self._size])
 

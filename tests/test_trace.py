@@ -276,3 +276,28 @@ def test_a_learning_rate_schedule_does_not_make_the_trace_another_tables(tmp_pat
         other = db.create_table("u", dim=2, optimizer=evdb.optim.Adagrad(lr=0.1))
         with pytest.raises(evdb.InvalidArgumentError, match=r"another table|recorded from table"):
             read_trace(tmp_path / "t.trace", table=other)
+
+
+def test_a_chunk_that_fails_to_be_written_is_raised_on_the_callers_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks are written on the recorder's thread (trace_format.ChunkWriter); a failed
+    write is raised by the next flush or close, which leaves the file without its end."""
+    import evdb.trace_format as writer_mod
+
+    def full_disk(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    rec = KeyRecorder(tmp_path / "t", table="x", rate=1.0)
+    rec.record("pull", np.arange(10, dtype=np.int64), 0)
+    rec.flush()  # written
+    monkeypatch.setattr(writer_mod, "write_chunk", full_disk)
+    rec.record("pull", np.arange(5, dtype=np.int64), 1)
+    with pytest.raises(OSError, match="No space left"):
+        rec.flush()
+    with pytest.raises(OSError, match="No space left"):
+        rec.close()
+    with pytest.raises(evdb.InvalidArgumentError, match="is closed"):
+        rec.record("pull", np.arange(5, dtype=np.int64), 2)
+    tr = read_trace(tmp_path / "t", allow_incomplete=True)  # the chunk written before
+    assert tr.keys.tolist() == list(range(10)) and not tr.complete

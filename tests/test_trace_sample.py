@@ -172,3 +172,41 @@ def test_a_bad_keep_rate_is_refused_naming_it(tmp_path: Path, keep_rate: object)
     with pytest.raises(InvalidArgumentError, match="keep_rate must be None or a number"):
         KeyRecorder(tmp_path / "t.trace", table="t", keep_rate=keep_rate)  # type: ignore[arg-type]
     assert not (tmp_path / "t.trace").exists()  # refused before the file is made
+
+
+def test_a_key_space_that_stops_growing_is_probed_less_and_settles_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same keys call after call: the smallest hashes are probed on one call in up to
+    PROBE_EVERY (each probe that finds nothing new doubles the wait); new keys after that
+    lower the threshold within PROBE_EVERY calls; the trace read is the brute force's."""
+    from evdb.trace import PROBE_EVERY
+
+    probes: list[int] = []
+    add = SmallestHashes.add
+
+    def counting(self: SmallestHashes, hashes: np.ndarray, n: int | None = None) -> int:
+        probes.append(calls)
+        return add(self, hashes, n)
+
+    monkeypatch.setattr(SmallestHashes, "add", counting)
+    rng = np.random.default_rng(4)
+    steady = [rng.integers(0, 3_000, 500).astype(np.int64) for _ in range(8)]
+    grown = [rng.integers(0, 30_000, 500).astype(np.int64) for _ in range(8)]
+    batches = [steady[i % 8] for i in range(400)] + [grown[i % 8] for i in range(200)]
+    with KeyRecorder(tmp_path / "t", table="x", rate=0.001, min_keys=200) as rec:
+        for calls, b in enumerate(batches):
+            rec.record("pull", b, calls)
+            if calls == 399:
+                before = rec.rate
+        after = rec.rate
+    steady_probes = [c for c in probes if 100 <= c < 400]
+    assert len(steady_probes) <= 300 // PROBE_EVERY + 1  # not one a call
+    assert after < before  # the grown key space lowered it
+    want = _expected(batches, 0, 200, 0.001)
+    assert after * FULL == want  # the recorder's own threshold reached it, not only the reader
+    tr = read_trace(tmp_path / "t")
+    assert tr.header.rate == want / FULL
+    np.testing.assert_array_equal(
+        tr.keys, np.concatenate([b[key_hashes(b, salt_of(0)) < np.uint64(want)] for b in batches])
+    )
