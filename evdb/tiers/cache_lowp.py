@@ -22,6 +22,7 @@ from evdb._types import Float32Array, Int64Array
 from evdb.bags import Bags
 from evdb.config import DramConfig
 from evdb.kernels import backend
+from evdb.kernels.cpu.lowp_gather import stamp_widen_pulled
 from evdb.kernels.reference.lowp import storage_dtype
 from evdb.records import FREQ_MAX, FROZEN
 from evdb.tiers.cache import ColumnCache, Grow
@@ -143,16 +144,13 @@ class LowpColumnCache(ColumnCache):
     def pull_rows(
         self, rows: Int64Array, counts: Int64Array, step: int, version: int, out: Float32Array
     ) -> int:
-        # The stamps in the float32 pass with zero-width rows, then the rows widened into out
-        none = np.empty((self.values.shape[0], 0), dtype=np.float32)
+        # One pass: the stamps, and each row widened as it is copied
         n = int(
-            self.kernels.stamp_gather_pulled(
+            stamp_widen_pulled(
                 rows, counts, step, version, int(FREQ_MAX), self.freq, self.last_step,
-                self.version, self.is_dirty, self.is_pinned, none,
-                np.empty((rows.shape[0], 0), dtype=np.float32),
+                self.version, self.is_dirty, self.is_pinned, self.values, out,
             )
         )  # fmt: skip
-        self.kernels.widen_rows(self.values, rows, out)
         self._note_pulled(rows, n)
         return n
 

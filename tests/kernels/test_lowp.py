@@ -157,6 +157,123 @@ def test_half_update_refuses_a_kind_without_a_half_variant(k) -> None:
     assert not values.any() and not slots.any()
 
 
+def test_widening_every_float16_and_bfloat16_pattern_is_exact(k) -> None:
+    # All 65,536 bit patterns: subnormals, both zeros, infinities and NaN payloads included
+    every = np.arange(2**16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    rows = np.arange(256, dtype=np.int64)
+    out = np.zeros((256, 256), np.float32)
+    k.widen_rows(every.view(np.float16), rows, out)
+    want = every.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+    k.widen_rows(every, rows, out)
+    np.testing.assert_array_equal(out.view(np.uint32), every.astype(np.uint32) << 16)
+
+
+def _update_case(
+    rng: np.random.Generator, fmt: str, n: int, dim: int, kind: int
+) -> tuple[np.ndarray, ...]:
+    """(grads, positions, bounds, rows, keys, hyper, start, slots): n rows of awkward values
+    (float16 subnormals, values near float16's overflow, ties), one position a row, so every
+    backend sums nothing and computes the same float64 rule."""
+    from tests.kernels.cases import HYPER, SLOTS, awkward_floats
+
+    x = awkward_floats(rng, (n, dim))
+    x[~np.isfinite(x)] = 1.0
+    x = np.clip(x, -60000, 60000).astype(np.float32)
+    x[: n // 4] *= np.float32(2.0**-20)  # in and around float16's subnormal range
+    start = np.zeros((n, dim), HALF[fmt])
+    rows = np.arange(n, dtype=np.int64)
+    backend("reference").round_rows(x, rows, rows, 0, 0, False, start)
+    grads = (rng.standard_normal((n, dim)) * np.exp2(rng.integers(-24, 4, (n, 1)))).astype(
+        np.float32
+    )
+    n_slots = 1 if SLOTS[kind] == -1 else SLOTS[kind] * dim
+    slots = rng.uniform(0.1, 1.0, (n, n_slots)).astype(np.float32)
+    hyper = np.array(HYPER[kind] + [0.0] * (8 - len(HYPER[kind])))
+    keys = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
+    positions = rng.permutation(n).astype(np.int64)
+    bounds = np.arange(n + 1, dtype=np.int64)
+    return grads, positions, bounds, rng.permutation(n).astype(np.int64), keys, hyper, start, slots
+
+
+@pytest.mark.parametrize("fmt", sorted(HALF))
+@pytest.mark.parametrize("stochastic", [False, True])
+@pytest.mark.parametrize("kind", [0, 1, 2, 6])
+@pytest.mark.parametrize("n", [40, 3000])  # the serial and the parallel driver
+def test_half_update_of_awkward_rows_is_the_reference_bit_for_bit(
+    rng, fmt: str, stochastic: bool, kind: int, n: int
+) -> None:
+    # The parity table's update sums several positions a row, which may differ in the last
+    # bit between backends; with one position a row nothing may differ, down to float16's
+    # subnormals, which the cpu kernel rounds outside its vectorised loop.
+    grads, positions, bounds, rows, keys, hyper, start, slots = _update_case(rng, fmt, n, 9, kind)
+    got = {}
+    for name in BACKENDS:
+        values, s = start.copy(), slots.copy()
+        backend(name).segment_sum_apply_lowp(
+            grads, positions, bounds, rows, keys, kind, hyper, 5, 7, stochastic, values, s
+        )
+        got[name] = (values.view(np.uint16), s)
+    want = got["reference"]
+    assert (want[0] != start.view(np.uint16)).mean() > 0.5  # the rows moved
+    for name in BACKENDS:
+        np.testing.assert_array_equal(got[name][0], want[0])
+        np.testing.assert_array_equal(got[name][1], want[1])
+
+
+@pytest.mark.parametrize("fmt", sorted(HALF))
+@pytest.mark.parametrize("kind", [0, 1, 2, 6])
+def test_half_update_is_the_float32_update_rounded(k, rng, fmt: str, kind: int) -> None:
+    # One rule per optimizer for both kernels: updating float32 rows that hold the widened
+    # half rows, then rounding to nearest, is the half update with round-to-nearest, and the
+    # slots are the same, bit for bit.
+    grads, positions, bounds, rows, keys, hyper, start, slots = _update_case(rng, fmt, 200, 7, kind)
+    half, half_slots = start.copy(), slots.copy()
+    k.segment_sum_apply_lowp(
+        grads, positions, bounds, rows, keys, kind, hyper, 5, 7, False, half, half_slots
+    )
+    full, full_slots = widen(start), slots.copy()
+    k.segment_sum_apply(grads, positions, bounds, rows, kind, hyper, full, full_slots)
+    rounded = np.zeros_like(start)
+    every = np.arange(full.shape[0], dtype=np.int64)
+    k.round_rows(full, every, every, 0, 0, False, rounded)
+    np.testing.assert_array_equal(half.view(np.uint16), rounded.view(np.uint16))
+    np.testing.assert_array_equal(half_slots, full_slots)
+
+
+@pytest.mark.parametrize("fmt", sorted(HALF))
+@pytest.mark.parametrize("n", [50, 5000])  # the serial and the parallel driver
+def test_a_pulls_stamp_and_widen_pass_is_its_reference(rng, fmt: str, n: int) -> None:
+    from evdb.kernels.cpu.lowp_gather import stamp_widen_pulled as cpu_pass
+    from evdb.kernels.reference.lowp import stamp_widen_pulled as reference_pass
+    from evdb.records import FREQ_MAX
+    from tests.kernels.cases import batch_rows
+
+    n_rows, dim = n + 20, 37
+    half = rng.integers(0, 2**16, (n_rows, dim)).astype(np.uint16).view(HALF[fmt])
+    rows = batch_rows(rng, n_rows, n)
+    counts = rng.integers(1, 5, n).astype(np.int64)
+    freq = rng.integers(0, int(FREQ_MAX) + 1, n_rows, dtype=np.int64).astype(np.uint32)
+    freq[:5] = FREQ_MAX - 1  # saturates
+    columns = (
+        freq,
+        rng.integers(0, 9, n_rows).astype(np.int64),  # last_step
+        rng.integers(0, 9, n_rows).astype(np.uint64),  # versions
+        rng.random(n_rows) < 0.5,  # is_dirty
+        rng.random(n_rows) < 0.5,  # is_pinned
+    )
+    got = {}
+    for name, run in (("cpu", cpu_pass), ("reference", reference_pass)):
+        cols = tuple(c.copy() for c in columns)
+        out = np.full((n, dim), 7.0, np.float32)
+        stamped = run(rows, counts, 11, 12, int(FREQ_MAX), *cols, half, out)
+        got[name] = (stamped, out.view(np.uint32), *cols)
+    assert got["cpu"][0] == np.count_nonzero(rows >= 0)
+    assert (got["cpu"][1][rows < 0] == np.float32(7.0).view(np.uint32)).all()
+    for a, b in zip(got["cpu"], got["reference"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 # -- quantised rows -----------------------------------------------------------------------
 
 
@@ -235,6 +352,7 @@ LOWP_VARIANTS = [
     ("lowp_gather", "probe_gather_lowp"),
     ("lowp_gather", "probe_gather_combine_lowp"),
     ("lowp_optim", "segment_sum_apply_lowp"),
+    ("lowp_gather", "stamp_widen_pulled"),
 ]
 
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange, types
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from evdb.errors import InvalidArgumentError
 from evdb.kernels.cpu._common import (
     F4_2D,
     I8,
+    OPTS,
     PARALLEL_MIN_KEYS,
     b1,
     f4,
@@ -74,18 +77,44 @@ def column_bits(base, c):  # type: ignore[no-untyped-def]
     return mix64(base + np.uint64(c + 1) * GOLDEN)
 
 
+@intrinsic
+def float32_bits(typingctx, x):  # type: ignore[no-untyped-def]
+    """The bit pattern of float32 x as a uint32 (a bit cast: LLVM vectorises it)."""
+    if x != f4:
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return u4(f4), codegen
+
+
+@intrinsic
+def bits_float32(typingctx, b):  # type: ignore[no-untyped-def]
+    """The float32 whose bit pattern is the low 32 bits of integer b (numba widens the
+    integers of inlined helpers to 64 bits)."""
+    if not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        low = context.cast(builder, args[0], signature.args[0], u4)
+        return builder.bitcast(low, ir.FloatType())
+
+    return f4(b), codegen
+
+
 @lazy_njit(u2(u4, u8, b1), inline="always")
 def bfloat16_bits(xb, r, stochastic):  # type: ignore[no-untyped-def]
     """bfloat16 bits of float32 bits xb: add the top 16 random bits (or half an ulp, ties to
-    even) below the cut, then truncate; NaN keeps its top bits, made quiet."""
-    if (xb & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-        return np.uint16((xb >> np.uint32(16)) | np.uint32(0x40))
-    u = np.uint64(xb)
+    even) below the cut, then truncate; NaN keeps its top bits, made quiet. Selects, no
+    branches, so a loop over a row vectorises."""
     if stochastic:
-        u += r >> np.uint64(48)
+        add = np.uint32(r >> np.uint64(48))
     else:
-        u += np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))
-    return np.uint16(u >> np.uint64(16))
+        add = np.uint32(0x7FFF) + ((xb >> np.uint32(16)) & np.uint32(1))
+    rounded = np.uint16((np.uint64(xb) + add) >> np.uint64(16))
+    quiet = np.uint16((xb >> np.uint32(16)) | np.uint32(0x40))
+    return quiet if (xb & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else rounded
 
 
 @lazy_njit(u2(f8, u8, b1), inline="always")
@@ -104,16 +133,42 @@ def float16_magnitude(a, r, stochastic):  # type: ignore[no-untyped-def]
     return np.uint16(((e + 14) << 10) + np.int64(k) + np.int64(up))
 
 
-@lazy_njit(u2(f4, u4, u8, b1), inline="always")
-def float16_bits(x, xb, r, stochastic):  # type: ignore[no-untyped-def]
-    """float16 bits of float32 x (whose bits are xb), as reference.lowp.float16_bits."""
+@lazy_njit(b1(u4), inline="always")
+def is_float16_tiny(xb):  # type: ignore[no-untyped-def]
+    """Whether float32 bits xb are nonzero and below float16's normal range (2^-14)."""
+    a = xb & np.uint32(0x7FFFFFFF)
+    return a != np.uint32(0) and a < np.uint32(0x38800000)
+
+
+@lazy_njit(u2(u4, u8, b1), inline="always")
+def float16_bits_normal(xb, r, stochastic):  # type: ignore[no-untyped-def]
+    """float16 bits of float32 bits xb unless is_float16_tiny(xb) (then a wrong value), in
+    integer selects that vectorise. In float16's normal range the 13 bits cut off are the
+    fraction of an ulp: adding 0x1FFF minus the top 13 random bits carries exactly when those
+    bits, as a fraction, are below it (float16_magnitude's u < frac), and 0xFFF plus the kept
+    lowest bit rounds to nearest even; a carry into the exponent past 15 gives infinity."""
     sign = np.uint16((xb >> np.uint32(16)) & np.uint32(0x8000))
-    if (xb & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN, as numpy converts it
-        m = np.uint32(0x7C00) + ((xb & np.uint32(0x7FFFFF)) >> np.uint32(13))
-        if m == np.uint32(0x7C00):
-            m += np.uint32(1)
-        return sign | np.uint16(m)
-    return sign | float16_magnitude(abs(np.float64(x)), r, stochastic)
+    a = xb & np.uint32(0x7FFFFFFF)
+    if stochastic:
+        add = np.uint32(0x1FFF) - np.uint32(r >> np.uint64(51))
+    else:
+        add = np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))
+    h = np.uint16(((np.uint64(a) + add) >> np.uint64(13)) - np.uint64(112 << 10))
+    h = np.uint16(0x7C00) if a >= np.uint32(0x47800000) else h  # from 2^16: infinity
+    payload = max((a & np.uint32(0x7FFFFF)) >> np.uint32(13), np.uint32(1))
+    nan = np.uint16(0x7C00) | np.uint16(payload)
+    h = nan if a > np.uint32(0x7F800000) else h  # NaN, as numpy converts it
+    h = np.uint16(0) if a == np.uint32(0) else h
+    return sign | h
+
+
+@lazy_njit(u2(u4, u8, b1), inline="always")
+def float16_bits(xb, r, stochastic):  # type: ignore[no-untyped-def]
+    """float16 bits of float32 bits xb, as reference.lowp.float16_bits."""
+    if is_float16_tiny(xb):  # float16's subnormals: the float64 rule
+        sign = np.uint16((xb >> np.uint32(16)) & np.uint32(0x8000))
+        return sign | float16_magnitude(abs(np.float64(bits_float32(xb))), r, stochastic)
+    return float16_bits_normal(xb, r, stochastic)
 
 
 @lazy_njit(u2(f8), inline="always")
@@ -125,21 +180,17 @@ def float16_nearest(v):  # type: ignore[no-untyped-def]
 
 @lazy_njit(u4(u2), inline="always")
 def float16_to_float32_bits(h):  # type: ignore[no-untyped-def]
-    """float32 bits of float16 bits h, exactly (numpy's conversion, NaN payloads included)."""
+    """float32 bits of float16 bits h, exactly (numpy's conversion, NaN payloads included),
+    in selects that vectorise: a subnormal's value is its mantissa times 2^-24, exact in
+    float32."""
     sign = np.uint32(h & np.uint16(0x8000)) << np.uint32(16)
-    e = np.uint32((h >> np.uint16(10)) & np.uint16(0x1F))
+    e = h & np.uint16(0x7C00)
     m = np.uint32(h & np.uint16(0x3FF))
-    if e == 31:
-        return sign | np.uint32(0x7F800000) | (m << np.uint32(13))
-    if e == 0:
-        if m == 0:
-            return sign
-        e32 = np.uint32(113)  # normalise the subnormal: 2^-14 is float32 exponent 113
-        while (m & np.uint32(0x400)) == 0:
-            m <<= np.uint32(1)
-            e32 -= np.uint32(1)
-        return sign | (e32 << np.uint32(23)) | ((m & np.uint32(0x3FF)) << np.uint32(13))
-    return sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))
+    normal = (np.uint32(h & np.uint16(0x7FFF)) << np.uint32(13)) + np.uint32(112 << 23)
+    special = np.uint32(0x7F800000) | (m << np.uint32(13))  # infinities and NaNs
+    tiny = float32_bits(np.float32(m) * np.float32(2.0**-24))  # subnormals and zero
+    bits = special if e == np.uint16(0x7C00) else normal
+    return sign | (tiny if e == np.uint16(0) else bits)
 
 
 @lazy_njit(f8(u2), inline="always")
@@ -151,47 +202,88 @@ def float16_value(h):  # type: ignore[no-untyped-def]
     return -v if h & np.uint16(0x8000) else v
 
 
-@lazy_njit(u2(f4, u4, u8, b1, i8), inline="always")
-def narrow_bits(x, xb, r, stochastic, fmt):  # type: ignore[no-untyped-def]
-    if fmt == 0:
-        return bfloat16_bits(xb, r, stochastic)
-    return float16_bits(x, xb, r, stochastic)
-
-
 @lazy_njit(u4(u2, i8), inline="always")
 def widen_bits(h, fmt):  # type: ignore[no-untyped-def]
     if fmt == 0:
-        return np.uint32(h) << np.uint32(16)
-    return float16_to_float32_bits(h)
+        return np.uint32(np.uint32(h) << np.uint32(16))
+    return np.uint32(float16_to_float32_bits(h))
+
+
+@njit(inline="always", **OPTS)
+def widen_row(src, r, fmt, out, i):  # type: ignore[no-untyped-def]
+    """out[i] = the float32 bits of half row src[r]: a loop per format, so each vectorises."""
+    if fmt == 0:
+        for j in range(src.shape[1]):
+            out[i, j] = widen_bits(src[r, j], 0)
+    else:
+        for j in range(src.shape[1]):
+            out[i, j] = widen_bits(src[r, j], 1)
+
+
+@njit(inline="always", **OPTS)
+def narrow_row(x, base, stochastic, fmt, out, r):  # type: ignore[no-untyped-def]
+    """out[r] = row x (float32 or float64, taken as float32) rounded to format fmt,
+    stochastically with the bits of the row whose base is ``base``. One loop per format and
+    rounding, each branch-free so that LLVM vectorises it, random bits included (an element
+    at a time, as before, a push of bfloat16 rows ran 2.7x float32's); column j's mixer input
+    base + (j + 1) * G is carried from column to column, a multiply fewer than column_bits.
+    float16 subnormals, rare, are redone after the loop by the exact float64 rule."""
+    dim = x.shape[0]
+    zero = np.uint64(0)
+    if fmt == 0:
+        if stochastic:
+            col = base + GOLDEN
+            for j in range(dim):
+                out[r, j] = bfloat16_bits(float32_bits(np.float32(x[j])), mix64(col), True)
+                col += GOLDEN
+        else:
+            for j in range(dim):
+                out[r, j] = bfloat16_bits(float32_bits(np.float32(x[j])), zero, False)
+        return
+    n_tiny = 0
+    if stochastic:
+        col = base + GOLDEN
+        for j in range(dim):
+            xb = float32_bits(np.float32(x[j]))
+            out[r, j] = float16_bits_normal(xb, mix64(col), True)
+            n_tiny += is_float16_tiny(xb)
+            col += GOLDEN
+    else:
+        for j in range(dim):
+            xb = float32_bits(np.float32(x[j]))
+            out[r, j] = float16_bits_normal(xb, zero, False)
+            n_tiny += is_float16_tiny(xb)
+    if n_tiny:
+        for j in range(dim):
+            xb = float32_bits(np.float32(x[j]))
+            if is_float16_tiny(xb):
+                rb = column_bits(base, j) if stochastic else zero
+                out[r, j] = float16_bits(xb, rb, stochastic)
 
 
 # -- round and widen ----------------------------------------------------------------------
-_ROUND_SIG = types.void(F4_2D, U4_2D, I8, I8, u8, i8, b1, i8, U2_2D)
+_ROUND_SIG = types.void(F4_2D, I8, I8, u8, i8, b1, i8, U2_2D)
 
 
-@lazy_njit(types.void(i8, F4_2D, U4_2D, I8, I8, u8, i8, b1, i8, U2_2D), inline="always")
-def _round_chunk(c, values, vbits, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
+@lazy_njit(types.void(i8, F4_2D, I8, I8, u8, i8, b1, i8, U2_2D), inline="always")
+def _round_chunk(c, values, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
     salt = step_salt(seed, step)
     for i in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, rows.shape[0])):
         r = rows[i]
-        if r < 0:
-            continue
-        base = row_base(salt, keys[i])
-        for j in range(values.shape[1]):
-            bits = column_bits(base, j) if stochastic else np.uint64(0)
-            out[r, j] = narrow_bits(values[i, j], vbits[i, j], bits, stochastic, fmt)
+        if r >= 0:
+            narrow_row(values[i], row_base(salt, keys[i]), stochastic, fmt, out, r)
 
 
 @lazy_njit(_ROUND_SIG)
-def _round_rows_serial(values, vbits, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
+def _round_rows_serial(values, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
     for c in range((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
-        _round_chunk(c, values, vbits, rows, keys, seed, step, stochastic, fmt, out)
+        _round_chunk(c, values, rows, keys, seed, step, stochastic, fmt, out)
 
 
 @lazy_njit(_ROUND_SIG, parallel=True)
-def _round_rows_parallel(values, vbits, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
+def _round_rows_parallel(values, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
     for c in prange((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
-        _round_chunk(c, values, vbits, rows, keys, seed, step, stochastic, fmt, out)
+        _round_chunk(c, values, rows, keys, seed, step, stochastic, fmt, out)
 
 
 def round_rows(values, rows, keys, seed, step, stochastic, out) -> None:  # type: ignore[no-untyped-def]
@@ -199,9 +291,8 @@ def round_rows(values, rows, keys, seed, step, stochastic, out) -> None:  # type
     fmt = _fmt("out", out)
     big = rows.shape[0] >= PARALLEL_MIN_KEYS
     kernel = _round_rows_parallel if big else _round_rows_serial
-    vbits = values.view(np.uint32)
     seed = np.uint64(int(seed) & (2**64 - 1))
-    kernel(values, vbits, rows, keys, seed, step, bool(stochastic), fmt, out.view(np.uint16))
+    kernel(values, rows, keys, seed, step, bool(stochastic), fmt, out.view(np.uint16))
 
 
 _WIDEN_SIG = types.void(U2_2D, I8, i8, U4_2D)
@@ -212,8 +303,7 @@ def _widen_chunk(c, src, rows, fmt, out):  # type: ignore[no-untyped-def]
     for i in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, rows.shape[0])):
         r = rows[i]
         if r >= 0:
-            for j in range(src.shape[1]):
-                out[i, j] = widen_bits(src[r, j], fmt)
+            widen_row(src, r, fmt, out, i)
 
 
 @lazy_njit(_WIDEN_SIG)

@@ -1,7 +1,8 @@
 """Numba lookups over low-precision rows (see ``reference.lowp``): the fused probe + gather
 and probe + gather + combine of ``cpu.index`` / ``cpu.bags``, reading half-precision rows
 (``*_widened``) or quantised rows (``*_dequantized``) and converting each as it is read, so no
-float32 copy of the table and no (n, dim) matrix exists.
+float32 copy of the table and no (n, dim) matrix exists; and a pull's pass over its rows
+(``stamp_widen_pulled``: ``cpu.stamp``'s stamps with each row widened as it is copied).
 
 One compiled driver serves every format: ``fmt`` 0 bfloat16, 1 float16 (rows from ``half``,
 uint16 bits), 8 int8, 4 int4 (rows from ``q``, uint8); the array not used is an empty dummy.
@@ -13,20 +14,25 @@ import numpy as np
 from numba import prange, types
 
 from evdb.kernels.cpu._common import (
+    B1,
     F4,
     F4_2D,
     I8,
     I8_2D,
     PARALLEL_MIN_KEYS,
+    U4,
+    U8,
     f8,
     i8,
     lazy_njit,
+    prefetch,
+    prefetch_write,
     u8,
 )
 from evdb.kernels.cpu.bags import _clip_scale, _divisor
 from evdb.kernels.cpu.index import probe_range
 from evdb.kernels.cpu.init import default_row
-from evdb.kernels.cpu.lowp import U1_2D, U2_2D, U4_2D, dequantize_row, widen_bits
+from evdb.kernels.cpu.lowp import U1_2D, U2_2D, U4_2D, dequantize_row, widen_row
 from evdb.kernels.reference.lowp import check_bits, half_format
 
 __all__ = [
@@ -34,6 +40,7 @@ __all__ = [
     "probe_gather_combine_widened",
     "probe_gather_dequantized",
     "probe_gather_widened",
+    "stamp_widen_pulled",
 ]
 
 BAG_CHUNK = 32  # bags per task, as cpu.bags
@@ -48,8 +55,7 @@ def load_row(q, half, fmt, r, out, out_bits, i):  # type: ignore[no-untyped-def]
     if fmt >= 4:
         dequantize_row(q, r, fmt, out, i)
     else:
-        for j in range(out.shape[1]):
-            out_bits[i, j] = widen_bits(half[r, j], fmt)
+        widen_row(half, r, fmt, out_bits, i)
 
 
 _PG_ARGS = (I8_2D, U1_2D, U2_2D, i8, I8, I8, i8, F4_2D, U4_2D, I8)
@@ -226,3 +232,91 @@ def probe_gather_combine_widened(slots, values, last_step, keys, bounds, *rest) 
     fmt = 0 if half_format("values", values) == "bfloat16" else 1
     half = values.view(np.uint16)
     return _probe_gather_combine(_NO_Q, half, fmt, slots, last_step, keys, bounds, rest)
+
+
+# -- a pull's stamps and rows --------------------------------------------------------------
+
+PULL_CHUNK = 256  # rows a task stamps at a time, their lines prefetched first (as cpu.stamp)
+
+
+@lazy_njit(i8(i8, I8, I8, i8, u8, i8, U4, I8, U8, B1, B1, U2_2D, i8, U4_2D), inline="always")
+def _stamp_widen_chunk(  # type: ignore[no-untyped-def]
+    c, rows, counts, step, ver, freq_max,
+    freq, last_step, versions, is_dirty, is_pinned, half, fmt, out,
+):  # fmt: skip
+    lo = c * PULL_CHUNK
+    hi = min(lo + PULL_CHUNK, rows.shape[0])
+    for i in range(lo, hi):  # every line the second loop touches, in flight first
+        r = rows[i]
+        if r >= 0:
+            for col in range(0, half.shape[1], 32):
+                prefetch(half, r, col)
+            prefetch_write(freq, r)
+            prefetch_write(last_step, r)
+            prefetch_write(versions, r)
+    n = 0
+    for i in range(lo, hi):
+        r = rows[i]
+        if r < 0:
+            continue
+        f = np.int64(freq[r]) + counts[i]
+        freq[r] = np.uint32(f if f < freq_max else freq_max)
+        last_step[r] = step
+        versions[r] = ver
+        is_dirty[r] = True
+        is_pinned[r] = True
+        widen_row(half, r, fmt, out, i)
+        n += 1
+    return n
+
+
+_SW_SIG = i8(I8, I8, i8, i8, i8, U4, I8, U8, B1, B1, U2_2D, i8, U4_2D)
+
+
+@lazy_njit(_SW_SIG)
+def _stamp_widen_pulled_serial(  # type: ignore[no-untyped-def]
+    rows, counts, step, version, freq_max,
+    freq, last_step, versions, is_dirty, is_pinned, half, fmt, out,
+):  # fmt: skip
+    ver = np.uint64(version)
+    n = 0
+    for c in range((rows.shape[0] + PULL_CHUNK - 1) // PULL_CHUNK):
+        n += _stamp_widen_chunk(
+            c, rows, counts, step, ver, freq_max,
+            freq, last_step, versions, is_dirty, is_pinned, half, fmt, out,
+        )  # fmt: skip
+    return n
+
+
+@lazy_njit(_SW_SIG, parallel=True)
+def _stamp_widen_pulled_parallel(  # type: ignore[no-untyped-def]
+    rows, counts, step, version, freq_max,
+    freq, last_step, versions, is_dirty, is_pinned, half, fmt, out,
+):  # fmt: skip
+    ver = np.uint64(version)
+    n = 0
+    for c in prange((rows.shape[0] + PULL_CHUNK - 1) // PULL_CHUNK):
+        n += _stamp_widen_chunk(
+            c, rows, counts, step, ver, freq_max,
+            freq, last_step, versions, is_dirty, is_pinned, half, fmt, out,
+        )  # fmt: skip
+    return n
+
+
+def stamp_widen_pulled(  # type: ignore[no-untyped-def]
+    rows, counts, step, version, freq_max,
+    freq, last_step, versions, is_dirty, is_pinned, values, out,
+) -> int:  # fmt: skip
+    """A pull's pass over half-precision rows (see reference.lowp.stamp_widen_pulled): the
+    stamps of cpu.stamp.stamp_gather_pulled and each row widened into out in the same pass,
+    its lines prefetched with the metadata's (it was a stamping pass, then a widening one
+    that missed on every row again)."""
+    fmt = 0 if half_format("values", values) == "bfloat16" else 1
+    big = rows.shape[0] >= PARALLEL_MIN_KEYS
+    kernel = _stamp_widen_pulled_parallel if big else _stamp_widen_pulled_serial
+    n = kernel(
+        rows, counts, step, version, freq_max,
+        freq, last_step, versions, is_dirty, is_pinned, values.view(np.uint16), fmt,
+        out.view(np.uint32),
+    )  # fmt: skip
+    return int(n)

@@ -1,4 +1,8 @@
-"""Numba fused update (see ``reference.optim`` for the rules, slot layouts and hyper order)."""
+"""Numba fused update (see ``reference.optim`` for the rules, slot layouts and hyper order).
+
+Each rule is written once, in ``update_row`` (float64 scratch in, slots updated in place), and
+inlined by numba into this module's float32 update and into ``cpu.lowp_optim``'s update of
+half-precision rows; only how a row is read and stored differs between the two."""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import numpy as np
 from numba import prange, types
 
 from evdb.kernels.cpu._common import F4_2D, F8, I8, PARALLEL_MIN_KEYS, i8, lazy_njit, prefetch
+
+__all__ = ["group_positions", "segment_sum_apply", "sum_gradient", "update_row"]
 
 ROW_CHUNK = 64  # rows per task: the gradient scratch is allocated once per chunk
 PREFETCH_AHEAD = 8  # rows between a prefetch and its use
@@ -34,6 +40,99 @@ def _ftrl_power(n, lr_power):  # type: ignore[no-untyped-def]
     return np.sqrt(n) if lr_power == -0.5 else n ** (-lr_power)
 
 
+@lazy_njit(types.void(F4_2D, I8, I8, i8, F8), inline="always")
+def sum_gradient(grads, positions, bounds, u, g):  # type: ignore[no-untyped-def]
+    """g = the sum in float64 of grads over row u's positions (zero for a row without any)."""
+    # The first position assigns, the rest add: no zeroing pass (``g[:] = 0.0`` went through
+    # numba's generic slice path: Adagrad on 1,900 cached rows of dim 1 took 55 us with it,
+    # 30 without)
+    dim = g.shape[0]
+    start, stop = bounds[u], bounds[u + 1]
+    if start < stop:
+        first = positions[start]
+        for j in range(dim):
+            g[j] = grads[first, j]
+    else:
+        for j in range(dim):
+            g[j] = 0.0
+    for k in range(start + 1, stop):
+        p = positions[k]
+        for j in range(dim):
+            g[j] += grads[p, j]
+
+
+@lazy_njit(types.void(i8, F8, F8, F8, F4_2D, i8), inline="always")
+def update_row(kind, hyper, w, g, slots, r):  # type: ignore[no-untyped-def]
+    """Rule ``kind`` (reference.optim.apply_rule) on one row: w (dim,) float64 its values,
+    updated in place, g (dim,) float64 its summed gradient, slots[r] its slots (float32,
+    each element read and stored once, the arithmetic in float64)."""
+    dim = w.shape[0]
+    lr = hyper[0]
+    lasso = 0.0
+    if kind == 0:  # SGD
+        wd, lasso = hyper[1], hyper[2]
+        for j in range(dim):
+            w[j] -= lr * (g[j] + wd * w[j])
+    elif kind == 1:  # Adagrad
+        eps, wd, lasso = hyper[1], hyper[2], hyper[3]
+        for j in range(dim):
+            gj = g[j] + wd * w[j]
+            acc = np.float64(slots[r, j]) + gj * gj
+            slots[r, j] = acc
+            w[j] -= lr * gj / (np.sqrt(acc) + eps)
+    elif kind == 2:  # lazy Adam; hyper[0] is the bias-corrected step size
+        b1, b2, eps = hyper[1], hyper[2], hyper[3]
+        for j in range(dim):
+            m = b1 * slots[r, j] + (1 - b1) * g[j]
+            v = b2 * slots[r, dim + j] + (1 - b2) * g[j] * g[j]
+            slots[r, j] = m
+            slots[r, dim + j] = v
+            w[j] -= lr * m / (np.sqrt(v) + eps)
+    elif kind == 3 or kind == 4:  # FTRL, group FTRL
+        lr_power, l1, l2 = hyper[1], hyper[2], hyper[3]
+        znorm = 0.0
+        for j in range(dim):
+            n = np.float64(slots[r, j])
+            n_new = n + g[j] * g[j]
+            sigma = (_ftrl_power(n_new, lr_power) - _ftrl_power(n, lr_power)) / lr
+            z = slots[r, dim + j] + g[j] - sigma * w[j]
+            slots[r, j] = n_new
+            slots[r, dim + j] = z
+            znorm += z * z
+            if kind == 3:
+                quad = _ftrl_power(n_new, lr_power) / lr + 2 * l2
+                w[j] = (np.sign(z) * l1 - z) / quad if abs(z) > l1 else 0.0
+        if kind == 4:
+            znorm = np.sqrt(znorm)
+            for j in range(dim):
+                z = np.float64(slots[r, dim + j])
+                quad = _ftrl_power(np.float64(slots[r, j]), lr_power) / lr + 2 * l2
+                w[j] = (l1 * z / znorm - z) / quad if znorm > l1 else 0.0
+    elif kind == 5:  # Adagrad with decay
+        decay_now, rate, init_acc = hyper[1], hyper[2], hyper[3]
+        for j in range(dim):
+            acc = np.float64(slots[r, j])
+            if decay_now != 0.0:
+                acc = max(acc * rate, init_acc)
+            acc += g[j] * g[j]
+            slots[r, j] = acc
+            w[j] -= lr * g[j] / np.sqrt(acc)
+    else:  # row-wise Adagrad
+        eps = hyper[1]
+        sq = 0.0
+        for j in range(dim):
+            sq += g[j] * g[j]
+        acc = np.float64(slots[r, 0]) + sq / dim
+        slots[r, 0] = acc
+        for j in range(dim):
+            w[j] -= lr * g[j] / (np.sqrt(acc) + eps)
+    if lasso != 0.0:
+        norm = _norm(w)
+        shrink = max(0.0, 1.0 - lr * lasso / norm) if norm > 0 else 0.0
+        for j in range(dim):
+            w[j] *= shrink
+
+
 _SSA_SIG = types.void(F4_2D, I8, I8, I8, i8, F8, F4_2D, F4_2D)
 
 
@@ -46,7 +145,6 @@ def _apply_chunk(  # type: ignore[no-untyped-def]
     # float32 (the reference's precision, at float32 storage).
     dim = values.shape[1]
     n_rows = rows.shape[0]
-    lr = hyper[0]
     # one scratch per chunk of ROW_CHUNK rows
     g = np.empty(dim, np.float64)
     w = np.empty(dim, np.float64)
@@ -63,86 +161,10 @@ def _apply_chunk(  # type: ignore[no-untyped-def]
         r = rows[u]
         if r < 0:
             continue
-        # The first position assigns, the rest add: no zeroing pass (``g[:] = 0.0`` went
-        # through numba's generic slice path: Adagrad on 1,900 cached rows of dim 1 took 55 us
-        # with it, 30 without)
-        start, stop = bounds[u], bounds[u + 1]
-        if start < stop:
-            first = positions[start]
-            for j in range(dim):
-                g[j] = grads[first, j]
-        else:  # a row without positions: its gradient is zero
-            for j in range(dim):
-                g[j] = 0.0
-        for k in range(start + 1, stop):
-            p = positions[k]
-            for j in range(dim):
-                g[j] += grads[p, j]
+        sum_gradient(grads, positions, bounds, u, g)
         for j in range(dim):
             w[j] = values[r, j]
-        lasso = 0.0
-        if kind == 0:  # SGD
-            wd, lasso = hyper[1], hyper[2]
-            for j in range(dim):
-                w[j] -= lr * (g[j] + wd * w[j])
-        elif kind == 1:  # Adagrad
-            eps, wd, lasso = hyper[1], hyper[2], hyper[3]
-            for j in range(dim):
-                gj = g[j] + wd * w[j]
-                acc = np.float64(slots[r, j]) + gj * gj
-                slots[r, j] = acc
-                w[j] -= lr * gj / (np.sqrt(acc) + eps)
-        elif kind == 2:  # lazy Adam; hyper[0] is the bias-corrected step size
-            b1, b2, eps = hyper[1], hyper[2], hyper[3]
-            for j in range(dim):
-                m = b1 * slots[r, j] + (1 - b1) * g[j]
-                v = b2 * slots[r, dim + j] + (1 - b2) * g[j] * g[j]
-                slots[r, j] = m
-                slots[r, dim + j] = v
-                w[j] -= lr * m / (np.sqrt(v) + eps)
-        elif kind == 3 or kind == 4:  # FTRL, group FTRL
-            lr_power, l1, l2 = hyper[1], hyper[2], hyper[3]
-            znorm = 0.0
-            for j in range(dim):
-                n = np.float64(slots[r, j])
-                n_new = n + g[j] * g[j]
-                sigma = (_ftrl_power(n_new, lr_power) - _ftrl_power(n, lr_power)) / lr
-                z = slots[r, dim + j] + g[j] - sigma * w[j]
-                slots[r, j] = n_new
-                slots[r, dim + j] = z
-                znorm += z * z
-                if kind == 3:
-                    quad = _ftrl_power(n_new, lr_power) / lr + 2 * l2
-                    w[j] = (np.sign(z) * l1 - z) / quad if abs(z) > l1 else 0.0
-            if kind == 4:
-                znorm = np.sqrt(znorm)
-                for j in range(dim):
-                    z = np.float64(slots[r, dim + j])
-                    quad = _ftrl_power(np.float64(slots[r, j]), lr_power) / lr + 2 * l2
-                    w[j] = (l1 * z / znorm - z) / quad if znorm > l1 else 0.0
-        elif kind == 5:  # Adagrad with decay
-            decay_now, rate, init_acc = hyper[1], hyper[2], hyper[3]
-            for j in range(dim):
-                acc = np.float64(slots[r, j])
-                if decay_now != 0.0:
-                    acc = max(acc * rate, init_acc)
-                acc += g[j] * g[j]
-                slots[r, j] = acc
-                w[j] -= lr * g[j] / np.sqrt(acc)
-        else:  # row-wise Adagrad
-            eps = hyper[1]
-            sq = 0.0
-            for j in range(dim):
-                sq += g[j] * g[j]
-            acc = np.float64(slots[r, 0]) + sq / dim
-            slots[r, 0] = acc
-            for j in range(dim):
-                w[j] -= lr * g[j] / (np.sqrt(acc) + eps)
-        if lasso != 0.0:
-            norm = _norm(w)
-            shrink = max(0.0, 1.0 - lr * lasso / norm) if norm > 0 else 0.0
-            for j in range(dim):
-                w[j] *= shrink
+        update_row(kind, hyper, w, g, slots, r)
         for j in range(dim):
             values[r, j] = w[j]
 

@@ -43,6 +43,7 @@ from evdb.errors import ConfigError, InvalidArgumentError, InvalidTypeError
 from evdb.kernels.hashing import GOLDEN_GAMMA, mix64_np
 from evdb.kernels.reference.bags import default_rows, gather_combine
 from evdb.kernels.reference.index import probe_gather
+from evdb.kernels.reference.stamp import stamp_gather_pulled
 
 __all__ = [
     "FLOAT16_MAX",
@@ -58,6 +59,7 @@ __all__ = [
     "quantized_row_bytes",
     "round_rows",
     "rounding_bits",
+    "stamp_widen_pulled",
     "storage_dtype",
     "widen_rows",
 ]
@@ -192,8 +194,8 @@ def round_rows(
     each i with ``rows[i] >= 0``, others skipped.
 
     values (n, dim) float32; rows, keys (n,) int64 (the key of each row draws its bits; the
-    rows >= 0 distinct, as a batch's are); out (R, dim) uint16 (bfloat16 bits) or float16. ``stochastic`` False rounds to nearest
-    even and ignores seed, keys and step.
+    rows >= 0 distinct, as a batch's are); out (R, dim) uint16 (bfloat16 bits) or float16.
+    ``stochastic`` False rounds to nearest even and ignores seed, keys and step.
     """
     fmt = half_format("out", out)
     live = rows >= 0
@@ -208,6 +210,34 @@ def widen_rows(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     half_format("src", src)
     live = rows >= 0
     out[live] = widen(src[rows[live]])
+
+
+def stamp_widen_pulled(
+    rows: np.ndarray,
+    counts: np.ndarray,
+    step: int,
+    version: int,
+    freq_max: int,
+    freq: np.ndarray,
+    last_step: np.ndarray,
+    versions: np.ndarray,
+    is_dirty: np.ndarray,
+    is_pinned: np.ndarray,
+    values: np.ndarray,
+    out: np.ndarray,
+) -> int:
+    """``reference.stamp.stamp_gather_pulled`` over half-precision rows: the same stamps of
+    each row found (``rows[i] >= 0``), and ``out[i]`` = ``values[rows[i]]`` widened to float32
+    (values (R, dim) uint16 bfloat16 bits or float16); the other rows of out are left as they
+    are. Returns how many rows were stamped."""
+    half_format("values", values)
+    no_values = np.empty((values.shape[0], 0), np.float32)
+    n = stamp_gather_pulled(
+        rows, counts, step, version, freq_max, freq, last_step, versions, is_dirty,
+        is_pinned, no_values, np.empty((rows.shape[0], 0), np.float32),
+    )  # fmt: skip
+    widen_rows(values, rows, out)
+    return n
 
 
 # -- row-wise quantisation ----------------------------------------------------------------
