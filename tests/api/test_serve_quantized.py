@@ -110,6 +110,18 @@ def test_stats_metrics_and_dashboard_read_it(served) -> None:
     summary = client.get("/v1/dashboard/summary")
     assert summary.status_code == 200, summary.text
     assert summary.json()["tables"][0]["stats"]["dtype"] == dtype
+    for view in ("distributions", "projection"):  # from a sample of the dequantised rows
+        r = client.get(f"/v1/dashboard/tables/item/{view}")
+        assert r.status_code == 200, r.text
+
+
+def test_neighbours_search_the_dequantised_rows(served) -> None:
+    client, table, _ = served
+    r = client.post("/v1/tables/item/neighbors", json={"key": PRESENT[0], "k": 5})
+    assert r.status_code == 200, r.text
+    keys, scores = table.neighbors(PRESENT[0], 5)
+    assert r.json()["keys"] == keys.tolist() and PRESENT[0] not in keys.tolist()
+    np.testing.assert_allclose(r.json()["scores"], scores, rtol=1e-6)
 
 
 def test_a_reload_swaps_float32_and_quantised_snapshots(exports) -> None:
