@@ -19,13 +19,13 @@ __all__ = ["MIN_MINIATURE_ROWS", "MIN_SAMPLED_KEYS", "SizingReport"]
 # trust (SHARDS' fixed-size variant keeps 8K; at 1K the ATC'17 miniatures were within ~1 point
 # on the traces it measured). The report says so instead of hiding it.
 MIN_SAMPLED_KEYS = 1000
-# A miniature cache smaller than this answers with a spread of a point or more: which keys
-# near the cache's edge the sample kept decides how much of its few rows the rest gets. Zipf
-# (1.1), 10M accesses, 5,000 rows against the unsampled simulation: as ~290-row miniatures
-# (min_keys=32,768), eight hash seeds from -2.27 to +0.63 points (mean -0.64, sd 0.99); as
-# ~1,160-row ones (min_keys=131,072), six seeds from -1.26 to +0.21 (sd 0.48); at 30M
-# accesses a 193-row one was 2.72 low. 2M accesses at 1%: 50 rows, -5.3 to +1.4.
-MIN_MINIATURE_ROWS = 1000
+# A miniature cache smaller than this answers with a spread of a point or more: how many of
+# the keys near the cache's edge the sample kept decides how much of its few rows the rest
+# gets. Zipf(1.1), 10M accesses, 5,000 rows against the unsampled simulation: ~290-row
+# miniatures (min_keys=32,768), eight hash seeds from -2.27 to +0.63 points (sd 0.99);
+# 1,000-row ones (rate 0.2), seven seeds from -1.36 to +0.30; 2,000-row ones (rate 0.4),
+# -0.63 to +0.15. At 30M accesses a 193-row one was 2.72 low. (evdb.sizing.MINIATURE_ROWS)
+MIN_MINIATURE_ROWS = 2048
 
 
 @dataclass(frozen=True)
