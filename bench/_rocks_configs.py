@@ -28,6 +28,8 @@ Flags:
 ``nover``      reads without block checksum verification
 ``nofill``     multi-gets do not insert the blocks they read into the block cache
 ``mmap``       memory-mapped reads
+``mtbloom``    a Bloom filter on every memtable (whole keys, 10% of its size): a read of a
+               key the memtable lacks skips its skip-list search
 =============  ===========================================================================
 """
 
@@ -44,7 +46,7 @@ from evdb.tiers import store, store_options
 
 FLAGS = re.compile(
     r"^(wb\d+|nbuf\d+|merge\d+|univ|l0_\d+|jobs\d+|lbase\d+|tfile\d+|bs\d+|dbhash|bloom\d+"
-    r"|hits|cache\d+|hcc|row\d+|pin|nover|nofill|mmap)$"
+    r"|hits|cache\d+|hcc|row\d+|pin|nover|nofill|mmap|mtbloom)$"
 )
 
 
@@ -97,6 +99,9 @@ def configure(opts: rocksdict.Options, cfg: set[str], cache: Any) -> rocksdict.O
         opts.set_optimize_filters_for_hits(True)
     if "mmap" in cfg:
         opts.set_allow_mmap_reads(True)
+    if "mtbloom" in cfg:
+        opts.set_memtable_whole_key_filtering(True)
+        opts.set_memtable_prefix_bloom_ratio(0.1)
     if (n := number(cfg, "row")) is not None:
         opts.set_row_cache(rocksdict.Cache(n << 20))
     table = rocksdict.BlockBasedOptions()

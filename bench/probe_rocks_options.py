@@ -5,18 +5,15 @@ EmbeddingRocksDB) would change under evdb's RocksDB tier, before evdb adopts it.
 writes the distinct keys of 1,600 Zipf(1.1) draws over 3M keys as 532-byte records (Adagrad
 at dim 64, as ``profile_spill``'s write-backs) in one write batch without WAL, then reads 400
 keys already written in one sorted multi-get (its promotions). Over the last two thirds of
-the steps it prints the calling thread's CPU per key read and RocksDB's background threads'
-CPU per step (``/proc/self/task``). Configurations run one after another in the same
-process, ``--reps`` rounds in turn.
+the steps it prints the calling thread's CPU per key read and per step written, RocksDB's
+background threads' CPU per step and their sum (``/proc/self/task``). Configurations run one
+after another in the same process, ``--reps`` rounds in turn.
 
-Configuration flags (comma-separated, any order): ``nover`` reads without block checksum
-verification (what evdb does now), ``univ`` universal compaction, ``hits``
-``optimize_filters_for_hits``, ``bs1k``/``bs2k`` 1/2 KiB blocks (4 KiB otherwise), ``dbhash``
-data-block hash index, ``l0_4`` level-0 compaction trigger 4 (8 otherwise), ``wb28`` 28 MiB
-memtables and an 8 MiB block cache (the same 64 MiB budget as evdb's 2 x 16 + 32), ``wb64``
-64 MiB memtables, ``mmap`` memory-mapped reads. The empty configuration is evdb's options.
+Configurations are the flags of ``bench/_rocks_configs.py`` (comma-separated, any order:
+``wb28,cache8`` is 28 MiB memtables and an 8 MiB block cache); the empty configuration is
+evdb's options.
 
-    .venv/bin/python bench/probe_rocks_options.py --steps 900 --reps 2 nover nover,univ,wb64
+    .venv/bin/python bench/probe_rocks_options.py --steps 900 --reps 2 '' mtbloom univ,wb64
 """
 
 from __future__ import annotations
@@ -28,9 +25,11 @@ import shutil
 import tempfile
 import time
 
+import _rocks_configs
 import numpy as np
 import rocksdict
 
+from evdb.tiers import store_options
 from evdb.tiers.rocks import encode_keys
 
 RECORD = 532
@@ -53,54 +52,36 @@ def rocksdb_threads_cpu() -> float:
 
 
 def options(cfg: set[str]) -> rocksdict.Options:
-    opts = rocksdict.Options(raw_mode=True)
-    opts.create_if_missing(True)
-    opts.set_allow_mmap_reads("mmap" in cfg)
-    opts.set_compression_type(rocksdict.DBCompressionType.none())
-    memtable = 64 if "wb64" in cfg else 28 if "wb28" in cfg else 16
-    opts.set_write_buffer_size(memtable << 20)
-    opts.set_max_write_buffer_number(2)
-    opts.set_max_background_jobs(2)
-    opts.set_level_zero_file_num_compaction_trigger(4 if "l0_4" in cfg else 8)
-    if "univ" in cfg:
-        opts.set_compaction_style(rocksdict.DBCompactionStyle.universal())
-    if "hits" in cfg:
-        opts.set_optimize_filters_for_hits(True)
-    table = rocksdict.BlockBasedOptions()
-    table.set_bloom_filter(10, False)
-    table.set_block_cache(rocksdict.Cache((8 if "wb28" in cfg else 32) << 20))
-    if "bs1k" in cfg or "bs2k" in cfg:
-        table.set_block_size(1024 if "bs1k" in cfg else 2048)
-    if "dbhash" in cfg:
-        table.set_data_block_index_type(rocksdict.DataBlockIndexType.binary_and_hash())
-    opts.set_block_based_table_factory(table)
-    return opts
+    """evdb's options (one column family, no compression) changed as cfg says."""
+    cache = _rocks_configs.cache_for(cfg, store_options.BLOCK_CACHE_BYTES)
+    return _rocks_configs.configure(store_options.rocks_options("none", None), cfg, cache)
 
 
 def run(name: str, steps: int, parent: str | None) -> None:
-    cfg = set(name.split(",")) - {""}
+    cfg = _rocks_configs.parse(name)
     path = tempfile.mkdtemp(prefix="evdb-probe-options-", dir=parent)
     db = rocksdict.Rdict(path, options(cfg))
     try:
-        read = rocksdict.ReadOptions()
-        if "nover" in cfg:
-            read.set_verify_checksums(False)
+        read = _rocks_configs.read_options(cfg)
         write = rocksdict.WriteOptions()
         setattr(write, "disable_wal", True)  # noqa: B010 (a property)
         rng = np.random.default_rng(0)
         values = rng.integers(0, 255, (4096, RECORD), dtype=np.uint8).view(f"V{RECORD}")
         pool = values.ravel().tolist()
         written = np.zeros(0, np.int64)
-        read_ns = n_read = 0
+        read_ns = n_read = write_ns = 0
         background0 = 0.0
         for step in range(steps):
             if step == steps // 3:
-                background0, read_ns, n_read = rocksdb_threads_cpu(), 0, 0
+                background0, read_ns, n_read, write_ns = rocksdb_threads_cpu(), 0, 0, 0
             draws = rng.zipf(1.1, 1600) % 3_000_000
             keys = np.unique(draws.astype(np.int64) * 2654435761 % (1 << 62))
+            encoded = encode_keys(keys)
+            t0 = time.thread_time_ns()
             batch = rocksdict.WriteBatch(raw_mode=True)
-            collections.deque(map(batch.put, encode_keys(keys), pool[: keys.shape[0]]), maxlen=0)
+            collections.deque(map(batch.put, encoded, pool[: keys.shape[0]]), maxlen=0)
             db.write(batch, write)
+            write_ns += time.thread_time_ns() - t0
             written = np.concatenate([written, keys])
             asked = encode_keys(np.unique(written[rng.integers(0, written.shape[0], 400)]))
             t0 = time.thread_time_ns()
@@ -110,9 +91,11 @@ def run(name: str, steps: int, parent: str | None) -> None:
         background = rocksdb_threads_cpu() - background0
         timed = steps - steps // 3
         sst = (db.property_int_value("rocksdb.total-sst-files-size") or 0) >> 20
+        total = (read_ns + write_ns) / 1e6 / timed + background / timed * 1e3
         print(
-            f"{name or '(evdb)':24s} read {read_ns / n_read / 1e3:5.2f} us/key   RocksDB "
-            f"background {background / timed * 1e3:5.2f} ms/step   SST {sst} MiB",
+            f"{name or '(evdb)':24s} read {read_ns / n_read / 1e3:5.2f} us/key   write "
+            f"{write_ns / 1e6 / timed:5.2f} ms/step   background {background / timed * 1e3:5.2f} "
+            f"ms/step   all {total:5.2f} ms/step   SST {sst} MiB",
             flush=True,
         )
     finally:

@@ -132,10 +132,7 @@ class RocksStore:
         except Exception as e:  # rocksdict raises plain Exception for corruption and I/O
             self._remove_shadow()
             raise rocks_error(self.path, "RocksDB cannot open", e) from e
-        # The tier's multi-gets skip RocksDB's block checksums (FBGEMM's EmbeddingRocksDB
-        # does too): a file damaged at rest fails the digests that opening or restoring a
-        # checkpoint checks, and a record of the wrong size fails the tier's decode; a block
-        # damaged on disk while the store is open is read as it is.
+        # The tier's multi-gets verify block checksums (see store_options.read_options).
         self.read_options = store_options.read_options()
         self._write = rocksdict.WriteOptions()
         # (a property at runtime, though rocksdict's stubs declare a method)

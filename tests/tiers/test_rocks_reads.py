@@ -196,3 +196,34 @@ def test_a_damaged_block_on_disk_is_a_corrupt_data_error_naming_the_store(tmp_pa
     with evdb.open(tmp_path / "db") as db:
         with pytest.raises(CorruptDataError, match=r"rocksdb: read of .*Corruption"):
             db.table("t").lookup(keys)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("distinct", [True, False])
+def test_lookup_of_rows_on_disk_matches_a_dict_of_what_was_written(
+    tmp_path: Path, seed: int, distinct: bool
+) -> None:
+    """Keys in any order, some on disk, some in DRAM, some expired, some never written:
+    each reads its row or its initializer value, and ``found`` says which."""
+    import evdb
+
+    rng = np.random.default_rng(seed)
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("t", dim=5, dram_rows=30, ttl_steps=4)
+        old = rng.choice(4000, 300, replace=False)
+        t.upsert(old, rng.normal(size=(300, 5)).astype(np.float32))
+        db.advance(3)
+        fresh = rng.choice(np.arange(4000, 8000), 600, replace=False)  # most go to disk
+        fresh_rows = rng.normal(size=(600, 5)).astype(np.float32)
+        t.upsert(fresh, fresh_rows)
+        db.advance(2)  # the old rows have expired
+        model = dict(zip(fresh.tolist(), fresh_rows, strict=True))
+        pool = np.concatenate([old, fresh, np.arange(9000, 9100)])
+        keys = rng.choice(pool, 500, replace=not distinct)
+        found = np.empty(500, dtype=bool)
+        got = t.lookup(keys, found=found)
+        assert not t.resident(keys).all() and found.any() and not found.all()
+        assert found.tolist() == [k in model for k in keys.tolist()]
+        want = t.config.initializer.values(keys, 5)
+        want[found] = np.stack([model[k] for k in keys[found].tolist()])
+        np.testing.assert_array_equal(got, want)
