@@ -6,7 +6,8 @@ kernels (``evdb.tiers.dram``), an HBM tier is the device's arrays with its kerne
 (``evdb.tiers.hbm``), and emulated HBM is numpy again under the name "hbm". Arrays cross the
 boundary as host numpy arrays (keys, row handles, values, records); the columns never leave::
 
-    index (HashIndex)        key -> row            16 bytes / slot, load <= 0.7
+    index (HashIndex)        key -> row            12 bytes / slot on the host (16 on a
+                                                   device), load <= 0.7
     row_keys   (cap,)        int64                 the key of each row (scans, eviction)
     values     (cap, dim)    float32               what lookups gather
     slots      (cap, k)      float32               optimizer state
@@ -118,7 +119,8 @@ class ColumnCache(CacheTier):
         self._host: Callable[[Any], npt.NDArray[Any]] = _same if xp is np else xp.asnumpy
         self._grow = grow
         expected = max(config.capacity_rows or 0, config.initial_rows)
-        self.index = HashIndex(expected, xp=xp, kernels=kernels)
+        # an emulated device tier keeps the device's index layout (and so its bytes)
+        self.index = HashIndex(expected, xp=xp, kernels=kernels, wide=emulated or None)
         self.alloc = RowAllocator()
         zeros, empty = xp.zeros, xp.empty
         self.row_keys: Int64Array = empty(0, dtype=np.int64)
@@ -138,8 +140,6 @@ class ColumnCache(CacheTier):
         self.expired_evictions = 0
         self.frees = 0  # calls that freed rows (row handles stay valid while it holds)
         self._fit(config.initial_rows)
-
-    # -- host <-> tier --------------------------------------------------------------------
 
     # -- capabilities ---------------------------------------------------------------------
     @property
@@ -207,8 +207,8 @@ class ColumnCache(CacheTier):
         self.row_keys[r] = k
         self.is_live[r] = True
         self.is_dirty[r] = dirty
-        self.below[r] = below_step is not None
-        if below_step is not None:
+        if below_step is not None:  # else below stays False, as _free and a fresh column
+            self.below[r] = True  # leave it: a table with no tier below never touches it
             self.below_step[r] = self._dev(below_step)
         self.write(rows, records)
         return rows

@@ -93,7 +93,7 @@ def device_bytes(dim: int, n_slots: int, rows: int) -> int:
     """Device memory of an HBM tier holding ``rows`` rows: its columns (values and slots in
     float32, 41 bytes of keys and metadata) and its hash index."""
     per_row = 4 * dim + 4 * n_slots + 8 + 4 + 8 + 8 + 1 + 4 * 1 + 8
-    return rows * per_row + index_bytes(rows)
+    return rows * per_row + index_bytes(rows, device=True)
 
 
 class PinnedStaging:

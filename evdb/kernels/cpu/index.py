@@ -1,9 +1,19 @@
 """Numba kernels of the hash index: probe, insert, remove, fused probe + gather, dedup, sketch.
 
-Index layout (shared with the reference and the CUDA sources): open addressing with linear
-probing over power-of-two ``slots (cap, 2) int64`` of (key, row) pairs; a slot is occupied iff
-its row is >= 0; the home slot of a key is ``mix64(key) & (cap - 1)``. Deletion shifts later
-entries of the probe run back into the hole (no tombstones), so lookups never slow with churn.
+Two slot layouts (shared with the reference; the CUDA sources read the wide one only), told
+apart by the array's shape, both open addressing with linear probing over ``cap`` slots:
+
+* wide, ``slots (cap, 2) int64``: slot j is (key ``slots[j, 0]``, row ``slots[j, 1]``), -1 rows
+  empty: 16 bytes a slot. The device tier's layout (cap a power of two there).
+* pairs, ``slots (cap / 2, 3) int64``: slots 2p and 2p+1 share three words: their keys in
+  ``slots[p, 0]`` and ``slots[p, 1]``, and ``row + 1`` of each as the low / high uint32 half
+  of ``slots[p, 2]`` (0 empty): 12 bytes a slot, a zeroed array is an empty index. The host
+  tiers' layout: a key and its row lie within 24 bytes, so a probe still costs one miss.
+
+The home slot of a key is ``mix64(key) & (cap - 1)`` where cap is a power of two, else
+``((mix64(key) >> 32) * cap) >> 32`` (Lemire's fastrange: any cap, one multiply; ``% cap``
+past 2^32 slots). Deletion shifts later entries of the probe run back into the hole (no
+tombstones), so lookups never slow with churn.
 """
 
 from __future__ import annotations
@@ -33,22 +43,96 @@ from evdb.kernels.cpu._common import (
 
 GATHER_CHUNK = 32  # keys whose misses probe_gather overlaps (16-128 measured the same)
 FIND_AHEAD = 16  # keys between hash_find's prefetch of a home slot and its probe
+PAIR_WORDS = 3  # slots.shape[1] of the pairs layout (2 of the wide one)
+MAX_PAIR_ROW = 2**32 - 2  # the largest row the pairs layout holds (row + 1 in a uint32)
+
+_LOW32 = np.uint64(0xFFFFFFFF)
 
 
 @lazy_njit(i8(i8, i8), inline="always")
 def _home(key, mask):  # type: ignore[no-untyped-def]
+    # the home slot in a power-of-two scratch index (the dedup kernels' own tables)
     return np.int64(mix64(np.uint64(key)) & np.uint64(mask))
 
 
+@njit(inline="always", **OPTS)
+def _n_slots(slots):  # type: ignore[no-untyped-def]
+    if slots.shape[1] == PAIR_WORDS:
+        return np.int64(2 * slots.shape[0])
+    return np.int64(slots.shape[0])
+
+
+@njit(inline="always", **OPTS)
+def _home_of(key, cap):  # type: ignore[no-untyped-def]
+    h = mix64(np.uint64(key))
+    c = np.uint64(cap)
+    if cap & (cap - 1) == 0:
+        return np.int64(h & (c - np.uint64(1)))
+    if cap <= 2**32:
+        return np.int64(((h >> np.uint64(32)) * c) >> np.uint64(32))
+    return np.int64(h % c)
+
+
+@njit(inline="always", **OPTS)
+def _step(j, cap):  # type: ignore[no-untyped-def]
+    j += 1
+    return j if j < cap else np.int64(0)
+
+
+@njit(inline="always", **OPTS)
+def _row_at(slots, j):  # type: ignore[no-untyped-def]
+    """The row in slot j, -1 if it is empty."""
+    if slots.shape[1] == PAIR_WORDS:
+        w = np.uint64(slots[j >> 1, 2]) >> np.uint64(32 * (j & 1))
+        return np.int64(w & _LOW32) - 1
+    return slots[j, 1]
+
+
+@njit(inline="always", **OPTS)
+def _key_at(slots, j):  # type: ignore[no-untyped-def]
+    if slots.shape[1] == PAIR_WORDS:
+        return slots[j >> 1, j & 1]
+    return slots[j, 0]
+
+
+@njit(inline="always", **OPTS)
+def _put_row(slots, j, row):  # type: ignore[no-untyped-def]
+    """Set slot j's row (-1: empty it)."""
+    if slots.shape[1] == PAIR_WORDS:
+        shift = np.uint64(32 * (j & 1))
+        w = np.uint64(slots[j >> 1, 2]) & ~(_LOW32 << shift)
+        slots[j >> 1, 2] = np.int64(w | ((np.uint64(row + 1) & _LOW32) << shift))
+    else:
+        slots[j, 1] = row
+
+
+@njit(inline="always", **OPTS)
+def _put(slots, j, key, row):  # type: ignore[no-untyped-def]
+    if slots.shape[1] == PAIR_WORDS:
+        slots[j >> 1, j & 1] = key
+    else:
+        slots[j, 0] = key
+    _put_row(slots, j, row)
+
+
+@njit(inline="always", **OPTS)
+def _prefetch_slot(slots, j):  # type: ignore[no-untyped-def]
+    if slots.shape[1] == PAIR_WORDS:
+        prefetch(slots, j >> 1, 0)
+        prefetch(slots, j >> 1, 2)  # a 24-byte pair straddles two lines one time in three
+    else:
+        prefetch(slots, j, 0)
+
+
 @lazy_njit(i8(I8_2D, i8, i8, i8), inline="always")
-def _probe_from(slots, mask, key, j):  # type: ignore[no-untyped-def]
+def _probe_from(slots, cap, key, j):  # type: ignore[no-untyped-def]
     while True:
-        r = slots[j, 1]
+        r = _row_at(slots, j)
         if r < 0:
             return np.int64(-1)
-        if slots[j, 0] == key:
+        if _key_at(slots, j) == key:
             return r
-        j = (j + 1) & mask
+        j = _step(j, cap)
 
 
 # Serial and parallel variants are separate functions, not one body wrapped twice: numba's
@@ -60,16 +144,16 @@ def _find_range(slots, keys, lo, hi, out):  # type: ignore[no-untyped-def]
     # caches overlap (a probe's exit branch otherwise serialises them): 4,096 keys into a
     # 1M-slot index, 220 -> 150 us; 65,536 keys on 2 threads, 0.9 -> 0.5 ms.
     # Each key is hashed once: out[i] holds its home slot from the prefetch until the probe.
-    mask = slots.shape[0] - 1
+    cap = _n_slots(slots)
     for i in range(lo, min(lo + FIND_AHEAD, hi)):
-        out[i] = _home(keys[i], mask)
-        prefetch(slots, out[i], 0)
+        out[i] = _home_of(keys[i], cap)
+        _prefetch_slot(slots, out[i])
     for i in range(lo, hi):
         ahead = i + FIND_AHEAD
         if ahead < hi:
-            out[ahead] = _home(keys[ahead], mask)
-            prefetch(slots, out[ahead], 0)
-        out[i] = _probe_from(slots, mask, keys[i], out[i])
+            out[ahead] = _home_of(keys[ahead], cap)
+            _prefetch_slot(slots, out[ahead])
+        out[i] = _probe_from(slots, cap, keys[i], out[i])
 
 
 _FIND_CHUNK = 1024  # keys per parallel task (4,096 left a 4,096-key batch on one thread)
@@ -100,51 +184,51 @@ def hash_insert(slots, keys, rows):  # type: ignore[no-untyped-def]
     # The home slots FIND_AHEAD keys ahead are prefetched, as in hash_find: the keys a pull
     # creates are scattered over an index larger than the caches, one miss each. Each key is
     # hashed once: a ring of FIND_AHEAD homes carries it from the prefetch to the insert.
-    mask = slots.shape[0] - 1
+    cap = _n_slots(slots)
     n = keys.shape[0]
     homes = np.empty(FIND_AHEAD, np.int64)
     for i in range(min(FIND_AHEAD, n)):
-        homes[i] = _home(keys[i], mask)
-        prefetch(slots, homes[i], 0)
+        homes[i] = _home_of(keys[i], cap)
+        _prefetch_slot(slots, homes[i])
     for i in range(n):
         key = keys[i]
         j = homes[i % FIND_AHEAD]
         ahead = i + FIND_AHEAD
         if ahead < n:  # its ring place is free now that key i's home is read
-            homes[ahead % FIND_AHEAD] = _home(keys[ahead], mask)
-            prefetch(slots, homes[ahead % FIND_AHEAD], 0)
-        while slots[j, 1] >= 0 and slots[j, 0] != key:
-            j = (j + 1) & mask
-        slots[j, 0] = key
-        slots[j, 1] = rows[i]
+            homes[ahead % FIND_AHEAD] = _home_of(keys[ahead], cap)
+            _prefetch_slot(slots, homes[ahead % FIND_AHEAD])
+        while _row_at(slots, j) >= 0 and _key_at(slots, j) != key:
+            j = _step(j, cap)
+        _put(slots, j, key, rows[i])
 
 
 @lazy_njit(types.void(I8_2D, I8, I8))
 def hash_remove(slots, keys, out):  # type: ignore[no-untyped-def]
-    mask = slots.shape[0] - 1
+    cap = _n_slots(slots)
     for i in range(keys.shape[0]):
         key = keys[i]
-        j = _home(key, mask)
+        j = _home_of(key, cap)
         out[i] = -1
-        while slots[j, 1] >= 0:
-            if slots[j, 0] == key:
-                out[i] = slots[j, 1]
+        while _row_at(slots, j) >= 0:
+            if _key_at(slots, j) == key:
+                out[i] = _row_at(slots, j)
                 # Backward-shift deletion: pull later members of the run into the hole when
                 # the hole lies on their probe path (distance home->k >= distance hole->k).
                 hole = j
                 k = j
                 while True:
-                    k = (k + 1) & mask
-                    if slots[k, 1] < 0:
+                    k = _step(k, cap)
+                    r = _row_at(slots, k)
+                    if r < 0:
                         break
-                    home = _home(slots[k, 0], mask)
-                    if ((k - home) & mask) >= ((k - hole) & mask):
-                        slots[hole, 0] = slots[k, 0]
-                        slots[hole, 1] = slots[k, 1]
+                    moved = _key_at(slots, k)
+                    home = _home_of(moved, cap)
+                    if (k - home) % cap >= (k - hole) % cap:
+                        _put(slots, hole, moved, r)
                         hole = k
-                slots[hole, 1] = -1
+                _put_row(slots, hole, -1)
                 break
-            j = (j + 1) & mask
+            j = _step(j, cap)
 
 
 @njit(inline="always", **OPTS)
@@ -154,14 +238,14 @@ def probe_range(slots, values, last_step, keys, lo, hi, min_live_step, out):  # 
     cached) and prefetch the row's lines. Shared by the fused gather and bag kernels.
     Measured on 10M rows x dim 64, 2 threads: 11-16M keys/s probing and copying key by key,
     19-27M/s with this split."""
-    mask = slots.shape[0] - 1
+    cap = _n_slots(slots)
     check_ttl = min_live_step != I64_MIN  # without a TTL, skip the last_step load (a miss)
     for p in range(lo, hi):
-        h = _home(keys[p], mask)
+        h = _home_of(keys[p], cap)
         out[p - lo] = h
-        prefetch(slots, h, 0)
+        _prefetch_slot(slots, h)
     for p in range(lo, hi):
-        r = _probe_from(slots, mask, keys[p], out[p - lo])
+        r = _probe_from(slots, cap, keys[p], out[p - lo])
         if r >= 0:
             for col in range(0, values.shape[1], 16):  # one 64-byte line per 16 floats
                 prefetch(values, r, col)

@@ -1,9 +1,16 @@
 """Reference hash index kernels: find, insert, remove, fused probe + gather, dedup, sketch.
 
-The index is open addressing over ``slots (cap, 2) int64`` with ``cap`` a power of two:
-``slots[j, 0]`` is a key and ``slots[j, 1]`` its row (key and row share a cache line, so a
-probe costs one miss). A slot is occupied iff its row is ``>= 0``; every int64 is a valid key,
-occupancy never borrows a key value.
+The index is open addressing with linear probing over ``cap`` slots, in one of two layouts
+(``cpu/index.py`` describes them; the shape tells which):
+
+* wide, ``slots (cap, 2) int64``: ``slots[j, 0]`` a key and ``slots[j, 1]`` its row, -1 empty;
+* pairs, ``slots (cap / 2, 3) int64``: slots 2p and 2p+1 keep their keys in ``slots[p, 0]``
+  and ``slots[p, 1]`` and ``row + 1`` as the low / high uint32 half of ``slots[p, 2]``, 0
+  empty (12 bytes a slot; a zeroed array is an empty index).
+
+A slot is occupied iff it holds a row; every int64 is a valid key, occupancy never borrows a
+key value. A key's probe starts at its home slot: ``mix64(key) & (cap - 1)`` where cap is a
+power of two, else ``((mix64(key) >> 32) * cap) >> 32`` (``mix64(key) % cap`` past 2^32 slots).
 """
 
 from __future__ import annotations
@@ -12,10 +19,62 @@ import numpy as np
 
 from evdb.kernels.hashing import mix64_np
 
+PAIR_WORDS = 3  # slots.shape[1] of the pairs layout
+
+
+def n_slots(slots: np.ndarray) -> int:
+    """The number of slots of an index in either layout."""
+    return int(2 * slots.shape[0] if slots.shape[1] == PAIR_WORDS else slots.shape[0])
+
+
+def slot_rows(slots: np.ndarray) -> np.ndarray:
+    """The row of every slot (cap,) int64, -1 where empty."""
+    if slots.shape[1] != PAIR_WORDS:
+        return slots[:, 1].copy()
+    halves = slots[:, 2].copy().view(np.uint32)  # little-endian: slot 2p's (low) half first
+    return halves.astype(np.int64) - 1
+
+
+def slot_keys(slots: np.ndarray) -> np.ndarray:
+    """The key of every slot (cap,) int64 (meaningless where the slot is empty)."""
+    if slots.shape[1] != PAIR_WORDS:
+        return slots[:, 0].copy()
+    return slots[:, :2].reshape(-1).copy()
+
+
+def home_slots(keys: np.ndarray, cap: int) -> np.ndarray:
+    """The home slot of each key in an index of cap slots."""
+    h = mix64_np(np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64))
+    if cap & (cap - 1) == 0:
+        return (h & np.uint64(cap - 1)).astype(np.int64)
+    if cap <= 2**32:
+        return (((h >> np.uint64(32)) * np.uint64(cap)) >> np.uint64(32)).astype(np.int64)
+    return (h % np.uint64(cap)).astype(np.int64)
+
+
+def _set_slot(slots: np.ndarray, j: int, key: int, row: int) -> None:
+    if slots.shape[1] != PAIR_WORDS:
+        slots[j] = key, row
+        return
+    slots[j >> 1, j & 1] = key
+    halves = slots[j >> 1, 2:3].view(np.uint32)  # a view: writes land in the word
+    halves[j & 1] = row + 1
+
+
+def _row_of(slots: np.ndarray, j: int) -> int:
+    if slots.shape[1] != PAIR_WORDS:
+        return int(slots[j, 1])
+    return int(slots[j >> 1, 2:3].view(np.uint32)[j & 1]) - 1
+
+
+def _key_of(slots: np.ndarray, j: int) -> int:
+    return int(slots[j >> 1, j & 1] if slots.shape[1] == PAIR_WORDS else slots[j, 0])
+
 
 def _occupied_map(slots: np.ndarray) -> dict[int, int]:
-    used = slots[:, 1] >= 0
-    return dict(zip(slots[used, 0].tolist(), slots[used, 1].tolist(), strict=True))
+    rows = slot_rows(slots)
+    used = rows >= 0
+    return dict(zip(slot_keys(slots)[used].tolist(), rows[used].tolist(), strict=True))
 
 
 def hash_find(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
@@ -29,17 +88,19 @@ def hash_find(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
 
 def hash_insert(slots: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> None:
     """Insert or assign: afterwards ``hash_find(keys)`` returns ``rows`` (the last one wins
-    for a key given twice). The caller guarantees room (load stays below 1).
+    for a key given twice). The caller guarantees room (load stays below 1) and, in the pairs
+    layout, rows below 2^32 - 1.
 
-    Linear probing from ``mix64(key) & (cap - 1)``; this layout is shared with ``cpu.py`` so that
-    an index built by one backend can be read by the other.
+    Linear probing from the home slot; this layout is shared with ``cpu.py`` so that an index
+    built by one backend can be read by the other.
     """
-    mask = slots.shape[0] - 1
-    for key, row in zip(keys.tolist(), rows.tolist(), strict=True):
-        j = int(mix64_np(np.array([key], dtype=np.int64).view(np.uint64))[0]) & mask
-        while slots[j, 1] >= 0 and slots[j, 0] != key:
-            j = (j + 1) & mask
-        slots[j] = key, row
+    cap = n_slots(slots)
+    homes = home_slots(keys, cap)
+    for key, row, home in zip(keys.tolist(), rows.tolist(), homes.tolist(), strict=True):
+        j = home
+        while _row_of(slots, j) >= 0 and _key_of(slots, j) != key:
+            j = (j + 1) % cap
+        _set_slot(slots, j, key, row)
 
 
 def hash_remove(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
@@ -49,7 +110,10 @@ def hash_remove(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
     table = _occupied_map(slots)
     for i, key in enumerate(keys.tolist()):
         out[i] = table.pop(key, -1)
-    slots[:, 1] = -1
+    if slots.shape[1] == PAIR_WORDS:
+        slots[:, 2] = 0
+    else:
+        slots[:, 1] = -1
     if table:
         hash_insert(
             slots,
