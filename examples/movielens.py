@@ -57,6 +57,7 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,7 @@ from torch import nn
 
 import evdb
 from evdb import distributed as evd
+from evdb.config import Rounding, RowDtype
 from evdb.torch import EmbeddingBagCollection
 from evdb.torch_metrics import StatsLogger
 
@@ -156,19 +158,74 @@ class DeepFM(nn.Module):
 
 
 def create_tables(
-    db: evdb.Database | evd.ShardedDatabase, n_users: int, n_items: int, ttl_steps: int
+    db: evdb.Database | evd.ShardedDatabase,
+    n_users: int,
+    n_items: int,
+    ttl_steps: int,
+    *,
+    dtype: RowDtype = "float32",
+    rounding: Rounding = "stochastic",
+    seed: int = 0,
+    lr: float = 0.05,
 ) -> None:
+    """The model's four tables; dtype, rounding, the embeddings' initializer seed and the
+    learning rate are bench/bench_lowp_quality.py's knobs (the example keeps the defaults)."""
     common = dict(
         admission=evdb.admission.Counter(min_count=2),
-        optimizer=evdb.optim.Adagrad(lr=0.05),
+        optimizer=evdb.optim.Adagrad(lr=lr),
         ttl_steps=ttl_steps,
+        dtype=dtype,
+        rounding=rounding,
     )
     for name, n in (("user", n_users), ("item", n_items)):
         dram = max(64, int(0.3 * n))  # 30% of the ids: the rest lives in RocksDB
-        db.create_table(name, dim=DIM, dram_rows=dram, **common)
+        init = evdb.init.Normal(0.0, 0.01, seed)  # the tables' default initializer, seeded
+        db.create_table(name, dim=DIM, dram_rows=dram, initializer=init, **common)
         db.create_table(
             f"{name}_bias", dim=1, dram_rows=dram, initializer=evdb.init.Zeros(), **common
         )
+
+
+def train_epoch(
+    trained: nn.Module,
+    db: evdb.Database | evd.ShardedDatabase,
+    dense: torch.optim.Optimizer,
+    data: tuple[np.ndarray, np.ndarray, np.ndarray],
+    order: np.ndarray,
+    batch_size: int,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    after_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """One pass over the examples ``order`` picks from ``data`` (users, items, labels), in
+    global batches of ``batch_size`` (this rank trains on its part); the tables learn through
+    their fused optimizer, the dense parameters through ``dense``. ``after_step(step, loss)``
+    runs after each ``db.advance()``. Returns each step's loss."""
+    users, items, labels = data
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+    losses = []
+    for s in range(0, order.shape[0], batch_size):
+        batch = order[s : s + batch_size]
+        b = np.array_split(batch, world)[rank]  # this rank's part of the global batch
+        logits = trained(users[b], items[b])
+        # the global batch's mean: each rank's share of the sum, over the global size, so
+        # the rows' gradients, summed at their owners, are one process's; the dense ones,
+        # which DDP averages, are scaled back up by the world size
+        loss = loss_fn(logits, torch.as_tensor(labels[b], dtype=torch.float32))
+        loss = loss / batch.shape[0]
+        dense.zero_grad()
+        loss.backward()  # pushes the embedding gradients into the tables (fused Adagrad)
+        if world > 1:
+            for group in dense.param_groups:
+                for p in group["params"]:
+                    p.grad.mul_(world)
+        dense.step()
+        step = db.advance()
+        losses.append(float(loss.detach()) * world)
+        if after_step is not None:
+            after_step(step, losses[-1])
+    return losses
 
 
 def score(model: DeepFM, users: np.ndarray, items: np.ndarray, batch: int) -> np.ndarray:
@@ -255,38 +312,26 @@ def main(argv: list[str] | None = None) -> int:
     if world > 1:  # the dense part: gradients averaged over the ranks
         trained = nn.parallel.DistributedDataParallel(model)
     dense = torch.optim.Adam(dense_params, lr=1e-3)
-    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     test_u, test_i, test_y = users[split:], items[split:], labels[split:]
     publish_root = args.publish_root or out / "publish"  # sharded: one root, the shards merged
     published: list[dict[str, Any]] = []
     # sharded tables' stats are collective: every rank logs, rank 0 writes
     metrics = StatsLogger(writer if rank == 0 else None, [db.table(n) for n in db.tables()])
+
+    def after_step(step: int, loss: float) -> None:
+        if args.publish_every and step % args.publish_every == 0:
+            published.append(db.publish(publish_root))  # a server following it sees this
+        if writer is not None and step % LOG_EVERY == 0:
+            metrics.log(step)
+            if rank == 0:
+                writer.add_scalar("train/loss", loss, step)
+
     for epoch in range(1, args.epochs + 1):
-        order = rng.permutation(split)
-        losses, t0 = [], time.perf_counter()
-        for s in range(0, split, args.batch):
-            batch = order[s : s + args.batch]
-            b = np.array_split(batch, world)[rank]  # this rank's part of the global batch
-            logits = trained(users[b], items[b])
-            # the global batch's mean: each rank's share of the sum, over the global size, so
-            # the rows' gradients, summed at their owners, are one process's; the dense ones,
-            # which DDP averages, are scaled back up by the world size
-            loss = loss_fn(logits, torch.as_tensor(labels[b], dtype=torch.float32))
-            loss = loss / batch.shape[0]
-            dense.zero_grad()
-            loss.backward()  # pushes the embedding gradients into the tables (fused Adagrad)
-            if world > 1:
-                for p in dense_params:
-                    p.grad.mul_(world)  # type: ignore[union-attr]
-            dense.step()
-            step = db.advance()
-            if args.publish_every and step % args.publish_every == 0:
-                published.append(db.publish(publish_root))  # a server following it sees this
-            losses.append(float(loss.detach()) * world)
-            if writer is not None and step % LOG_EVERY == 0:
-                metrics.log(step)
-                if rank == 0:
-                    writer.add_scalar("train/loss", losses[-1], step)
+        t0 = time.perf_counter()
+        losses = train_epoch(
+            trained, db, dense, (users, items, labels), rng.permutation(split), args.batch,
+            rank=rank, world=world, after_step=after_step,
+        )  # fmt: skip
         rate = split / (time.perf_counter() - t0)
         held_out = auc(test_y, score(model, test_u, test_i, 4096))
         if writer is not None and rank == 0:
