@@ -20,7 +20,9 @@ Each figure is the median of ``--repeat`` rounds; each round times every variant
 rotating order, on the same keys (so drift on a shared machine hits all of them alike),
 after one untimed warm-up call each. Ratios are keys/s over float32 serving's, and float32
 serving's over ``take``'s. Run: ``.venv/bin/python bench/bench_quantized_serving.py``
-(1M rows: about two minutes on 2 shared cores), ``--rows 100000`` for a quick look.
+(1M rows: about two minutes on 2 shared cores), ``--rows 100000`` for a quick look. On a
+machine other work keeps busy, ``NUMBA_NUM_THREADS=1``: from 1,024 keys every variant's
+kernel runs on numba's threads, whose wake-up then costs ~20 ms a call, alike for all.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 from _common import (
     cpu_line,
@@ -135,7 +138,7 @@ def main() -> None:
         f"median of {args.repeat} rounds"
     )
     print(cpu_line())
-    print(versions_line("-"))
+    print(versions_line("-") + f"; numba threads {numba.get_num_threads()}")
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         keys, values = build(Path(tmp), rows, dim, rng)
         snaps = {d: open_served(Path(tmp) / d, keys, dim) for d in DTYPES}
