@@ -3,10 +3,11 @@ vs measured DRAM hit rates (issue 31).
 
 Four parts, each against a baseline measured in the same run:
 
-* **Recording overhead**: one training step (``pull`` + fused Adagrad ``push`` of a batch of
-  Zipf(1.1) keys, dim 16, every row in DRAM: the fastest step, so the largest ratio) plain,
-  with a fixed-rate recorder (``min_keys=0``) and with the default one (``min_keys`` raising
-  the rate), in turn; min and median per-step times, and ``record`` alone over the step time.
+* **Recording overhead** (``_size_overhead.py``): one training step (``pull`` + fused Adagrad
+  ``push`` of a batch of Zipf(1.1) keys, dim 16, every row in DRAM: the fastest step, so the
+  largest ratio) plain, with a fixed-rate recorder (``min_keys=0``) and with the default one
+  (``min_keys`` raising the rate), in turn; min and median per-step wall and CPU times, and
+  ``record`` alone over the step time.
 * **Zipf(1.1) click log**: ``--accesses`` keys (a catalogue of 1M items, keys the hashed
   ranks) in batches of ``--batch``, through real tables (dim 16, Adagrad, Counter admission
   min_count=2, a TTL, LFU, RocksDB under DRAM) at three DRAM sizes; their measured DRAM hit
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 from _common import cpu_line, log, print_table, versions_line, wall_line
+from _size_overhead import bench_overhead
 
 import evdb
 from evdb.kernels.hashing import mix64_np
@@ -104,84 +105,6 @@ def pct(x: float) -> str:
 
 def pts(x: float) -> str:
     return f"{100 * x:+.2f}"
-
-
-# -- recording overhead ---------------------------------------------------------------------
-def bench_overhead(args: argparse.Namespace) -> None:
-    rng = np.random.default_rng(1)
-    steps = [zipf_keys(rng, args.batch) for _ in range(64)]
-    work = tempfile.mkdtemp(prefix="bench-size-")
-    with evdb.open(work) as db:  # removed below
-        t = db.create_table("item", dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.05))
-        recs = {
-            "fixed": KeyRecorder.for_table(t, Path(work) / "f.trace", rate=args.rate, min_keys=0),
-            "default": KeyRecorder.for_table(t, Path(work) / "d.trace", rate=args.rate),
-        }
-        grads = np.zeros((args.batch, DIM), dtype=np.float32)
-
-        def step(keys: np.ndarray, rec: KeyRecorder | None) -> float:
-            t.trace(rec)  # Table.pull records when a recorder is attached
-            t0 = time.perf_counter()
-            p = t.pull(keys)
-            t.push(p, grads[: p.keys.shape[0]])
-            db.advance()
-            return time.perf_counter() - t0
-
-        for keys in steps:  # warm: every row created, kernels compiled
-            step(keys, None)
-            step(keys, recs["default"])
-            step(keys, recs["fixed"])
-        times: dict[str, list[float]] = {"plain": [], "fixed": [], "default": []}
-        alone: dict[str, list[float]] = {"fixed": [], "default": []}
-        order = ["plain", "fixed", "default"]
-        for r in range(args.rounds):
-            for keys in steps:
-                for name in order[r % 3 :] + order[: r % 3]:  # each goes first in turn
-                    times[name].append(step(keys, recs.get(name)))
-                for name, rec in recs.items():
-                    t0 = time.perf_counter()
-                    rec.record("pull", keys, db.step)
-                    alone[name].append(time.perf_counter() - t0)
-        t.trace(None)
-        rates = {name: rec.rate for name, rec in recs.items()}
-        amortized = {}
-        for name, rec in recs.items():
-            best = float("inf")
-            for _ in range(3):
-                t0 = time.perf_counter()
-                for _ in range(args.rounds):
-                    for keys in steps:
-                        rec.record("pull", keys, db.step)
-                best = min(best, (time.perf_counter() - t0) / (args.rounds * len(steps)))
-            amortized[name] = best
-        for rec in recs.values():
-            rec.close()
-    shutil.rmtree(work, ignore_errors=True)
-    p0, p50 = min(times["plain"]), statistics.median(times["plain"])
-    print(f"\n## Recording overhead on a training step ({len(times['plain'])} steps each)")
-    print(
-        f"setup: pull + Adagrad push of {args.batch:,} Zipf(1.1) keys, dim {DIM}, all in DRAM, "
-        f"64 batches over and over (a small key space: min_keys keeps the default recorder's "
-        f"rate at {rates['default']:.3f}); 'fixed' = KeyRecorder(rate={args.rate:g}, "
-        f"min_keys=0), 'default' = KeyRecorder(rate={args.rate:g}) (min_keys="
-        f"{DEFAULT_MIN_KEYS:,}); min (least disturbed by other processes) and median of the "
-        f"steps; 'record, amortized': {args.rounds * 64:,} calls back to back (with the chunk "
-        f"writes, one per 1M kept keys, that a step's min and median leave out), best of 3"
-    )
-    rows = [["step (baseline)", f"{p0 * 1e3:.3f} ms", "1.00x", f"{p50 * 1e3:.3f} ms", "1.00x"]]
-    for name in ("fixed", "default"):
-        r0, r50 = min(times[name]), statistics.median(times[name])
-        a0, a50 = min(alone[name]), statistics.median(alone[name])
-        am = amortized[name]
-        rows += [
-            [f"step + record ({name})", f"{r0 * 1e3:.3f} ms", f"{r0 / p0:.3f}x",
-             f"{r50 * 1e3:.3f} ms", f"{r50 / p50:.3f}x"],
-            [f"record alone ({name})", f"{a0 * 1e6:.1f} us", f"{100 * a0 / p0:.2f}% of a step",
-             f"{a50 * 1e6:.1f} us", f"{100 * a50 / p50:.2f}% of a step"],
-            [f"record, amortized ({name})", f"{am * 1e6:.1f} us",
-             f"{100 * am / p0:.2f}% of a step", "", ""],
-        ]  # fmt: skip
-    print_table(["", "min", "vs plain (min)", "median", "vs plain (median)"], rows, first_left=1)
 
 
 # -- Zipf click log -------------------------------------------------------------------------
@@ -497,7 +420,7 @@ def main() -> None:
     print(cpu_line())
     print(versions_line("n/a"))
     if "overhead" not in args.skip:
-        bench_overhead(args)
+        bench_overhead(args, zipf_keys)
     per_access = None
     if "zipf" not in args.skip:
         per_access = bench_zipf(args)

@@ -1,0 +1,139 @@
+"""``bench_size.py``'s recording-overhead part: a training step with and without a key trace.
+
+One training step (``pull`` + fused Adagrad ``push`` of a batch of Zipf(1.1) keys, dim 16,
+every row in DRAM: the fastest step, so the largest ratio) plain, with a fixed-rate recorder
+(``min_keys=0``) and with the default one (``min_keys`` raising the rate), in turn, each going
+first in turn. Per step, two clocks: wall time, and the calling thread's CPU time, which
+other processes on a shared machine disturb far less (a step preempted for 100 ms reads as
+100 ms of wall time, and as its own CPU time). The thread's CPU leaves out what other threads
+do for the step (numba's workers, RocksDB's, the recorder's chunk writer): the wall-time
+amortized figure, which waits for the writer, counts that. Min and median of each, and
+``record`` alone against the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from _common import print_table
+
+import evdb
+from evdb.trace import DEFAULT_MIN_KEYS, KeyRecorder
+
+DIM = 16
+
+Clock = tuple[float, float]  # (wall seconds, the calling thread's CPU seconds)
+
+
+def _now() -> Clock:
+    return time.perf_counter(), time.thread_time()
+
+
+def _since(t0: Clock) -> Clock:
+    t1 = _now()
+    return t1[0] - t0[0], t1[1] - t0[1]
+
+
+def bench_overhead(
+    args: argparse.Namespace, draw: Callable[[np.random.Generator, int], np.ndarray]
+) -> None:
+    """``draw(rng, n)``: n Zipf(1.1) keys (``bench_size.zipf_keys``)."""
+    rng = np.random.default_rng(1)
+    steps = [draw(rng, args.batch) for _ in range(64)]
+    work = tempfile.mkdtemp(prefix="bench-size-")
+    with evdb.open(work) as db:  # removed below
+        t = db.create_table("item", dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.05))
+        recs = {
+            "fixed": KeyRecorder.for_table(t, Path(work) / "f.trace", rate=args.rate, min_keys=0),
+            "default": KeyRecorder.for_table(t, Path(work) / "d.trace", rate=args.rate),
+        }
+        grads = np.zeros((args.batch, DIM), dtype=np.float32)
+
+        def step(keys: np.ndarray, rec: KeyRecorder | None) -> Clock:
+            t.trace(rec)  # Table.pull records when a recorder is attached
+            t0 = _now()
+            p = t.pull(keys)
+            t.push(p, grads[: p.keys.shape[0]])
+            db.advance()
+            return _since(t0)
+
+        for keys in steps:  # warm: every row created, kernels compiled
+            step(keys, None)
+            step(keys, recs["default"])
+            step(keys, recs["fixed"])
+        times: dict[str, list[Clock]] = {"plain": [], "fixed": [], "default": []}
+        alone: dict[str, list[Clock]] = {"fixed": [], "default": []}
+        order = ["plain", "fixed", "default"]
+        for r in range(args.rounds):
+            for keys in steps:
+                for name in order[r % 3 :] + order[: r % 3]:  # each goes first in turn
+                    times[name].append(step(keys, recs.get(name)))
+                for name, rec in recs.items():
+                    t0 = _now()
+                    rec.record("pull", keys, db.step)
+                    alone[name].append(_since(t0))
+        t.trace(None)
+        rates = {name: rec.rate for name, rec in recs.items()}
+        amortized: dict[str, Clock] = {}
+        for name, rec in recs.items():
+            best = (float("inf"), float("inf"))
+            calls = args.rounds * len(steps)
+            for _ in range(3):
+                t0 = _now()
+                for _ in range(args.rounds):
+                    for keys in steps:
+                        rec.record("pull", keys, db.step)
+                rec.flush()  # the chunks the writer thread still holds count too
+                wall, cpu = _since(t0)
+                best = (min(best[0], wall / calls), min(best[1], cpu / calls))
+            amortized[name] = best
+        for rec in recs.values():
+            rec.close()
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"\n## Recording overhead on a training step ({len(times['plain'])} steps each)")
+    print(
+        f"setup: pull + Adagrad push of {args.batch:,} Zipf(1.1) keys, dim {DIM}, all in DRAM, "
+        f"64 batches over and over (a small key space: min_keys keeps the default recorder's "
+        f"rate at {rates['default']:.3f}); 'fixed' = KeyRecorder(rate={args.rate:g}, "
+        f"min_keys=0), 'default' = KeyRecorder(rate={args.rate:g}) (min_keys="
+        f"{DEFAULT_MIN_KEYS:,}); min (least disturbed by other processes) and median of the "
+        f"steps, by wall time and by the calling thread's CPU time; 'record, amortized': "
+        f"{args.rounds * 64:,} calls back to back and a flush (with the chunk writes, one per "
+        f"1M kept keys, that a step's min and median leave out), best of 3"
+    )
+    for clock, label in ((0, "wall time"), (1, "the calling thread's CPU time")):
+        print(f"\nby {label}:")
+        _table(times, alone, amortized, clock)
+
+
+def _table(
+    times: dict[str, list[Clock]],
+    alone: dict[str, list[Clock]],
+    amortized: dict[str, Clock],
+    clock: int,
+) -> None:
+    def col(xs: list[Clock]) -> list[float]:
+        return [x[clock] for x in xs]
+
+    p0, p50 = min(col(times["plain"])), statistics.median(col(times["plain"]))
+    rows = [["step (baseline)", f"{p0 * 1e3:.3f} ms", "1.00x", f"{p50 * 1e3:.3f} ms", "1.00x"]]
+    for name in ("fixed", "default"):
+        r0, r50 = min(col(times[name])), statistics.median(col(times[name]))
+        a0, a50 = min(col(alone[name])), statistics.median(col(alone[name]))
+        am = amortized[name][clock]
+        rows += [
+            [f"step + record ({name})", f"{r0 * 1e3:.3f} ms", f"{r0 / p0:.3f}x",
+             f"{r50 * 1e3:.3f} ms", f"{r50 / p50:.3f}x"],
+            [f"record alone ({name})", f"{a0 * 1e6:.1f} us", f"{100 * a0 / p0:.2f}% of a step",
+             f"{a50 * 1e6:.1f} us", f"{100 * a50 / p50:.2f}% of a step"],
+            [f"record, amortized ({name})", f"{am * 1e6:.1f} us",
+             f"{100 * am / p0:.2f}% of a step", "", ""],
+        ]  # fmt: skip
+    print_table(["", "min", "vs plain (min)", "median", "vs plain (median)"], rows, first_left=1)
