@@ -372,7 +372,8 @@ def cold_state(
     """Median keys/s of evdb's lookup and the raw multi-get in one OS page-cache state; the
     two sides alternate, on the same fresh keys each call, the first call untimed."""
     evdb_times, raw_times, floor_times, hits = [], [], [], 0
-    read_opt = rocks_store.read_options()
+    # (evdb before issue 32 had no read options of its own: RocksDB's defaults)
+    read_opt = getattr(rocks_store, "read_options", rocksdict.ReadOptions)()
     for i in range(args.repeat + 1):
         idx = s.on_disk[rng.choice(s.on_disk.shape[0], args.batch, replace=False)]
         batch_keys = s.keys[idx]

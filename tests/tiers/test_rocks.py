@@ -204,3 +204,37 @@ def test_closing_or_dropping_waits_for_the_read_ahead(tmp_path: Path) -> None:
     other.prefetch(np.arange(10, dtype=np.int64))
     store.close()
     assert other._ahead is not None and other._ahead.future.done()
+
+
+def test_rows_evicted_unchanged_are_not_written_again(tmp_path: Path) -> None:
+    """Write-back writes dirty rows only: rows read up from disk (a promoting lookup, a pull
+    not followed by a push of them) and evicted unchanged cost RocksDB no write; rows
+    pushed are written once when evicted."""
+    import evdb
+
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table("t", dim=4, dram_rows=50, optimizer=evdb.optim.SGD(lr=0.1))
+        t.upsert(np.arange(1000), np.ones((1000, 4), np.float32))  # most rows spill
+        db.flush()
+        tier = t._chain.backing
+        assert isinstance(tier, RocksTier)
+        written: list[np.ndarray] = []
+        put = tier.put
+        tier.put = lambda keys, *a, **kw: (written.append(keys.copy()), put(keys, *a, **kw))[1]  # type: ignore[method-assign]
+        read_up = np.arange(100, 130)
+        assert not t.resident(read_up).any()
+        t.lookup(read_up, promote=True)
+        pulled_only = np.arange(200, 230)
+        t.pull(pulled_only)  # promoted for training, never pushed
+        pushed = np.arange(300, 310)
+        p = t.pull(pushed)
+        t.push(p, np.ones((p.keys.shape[0], 4), np.float32))
+        t.upsert(np.arange(5000, 5500), np.zeros((500, 4), np.float32))  # evictions
+        unchanged = np.concatenate([read_up, pulled_only])
+        evicted = unchanged[~t.resident(unchanged)]
+        assert evicted.shape[0] >= 30
+        db.flush()  # writes what is dirty: the pushed rows, wherever they are
+        out = np.concatenate(written)
+        assert not np.isin(out, evicted).any()
+        assert np.isin(pushed, out).all()
+        np.testing.assert_allclose(t.lookup(pushed), np.full((10, 4), 0.9, np.float32))
