@@ -9,8 +9,8 @@ lr 0.01). A step is ``pull``, ``combine`` (sum over bags of ``--bag`` keys),
 ``combine_backward``, ``push`` and ``db.advance()``, on Zipf(``--zipf-a``) keys of the table,
 ``--examples`` bags a batch; each table gets the same batches. The tables take turns step by
 step (a stall of the machine hits all alike); each figure is the median of ``--repeat``
-steps after ``--warmup``, and each half-precision table's is printed over float32's, with
-the pull and push phases on their own. Run: ``.venv/bin/python bench/bench_lowp_train.py``.
+steps after ``--warmup``, and each half-precision table's is printed over float32's ("f32"),
+with the pull and push phases on their own. Run: ``.venv/bin/python bench/bench_lowp_train.py``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main() -> None:
         med = {d: [statistics.median(x[j] for x in times[d]) for j in range(3)] for d in DTYPES}
         base = med["float32"]
         print_table(
-            ["rows of", "step ms", "pull ms", "push ms", "step / float32", "push / float32"],
+            ["rows of", "step ms", "pull ms", "push ms", "step / f32", "pull / f32", "push / f32"],
             [
                 [
                     d,
@@ -101,6 +101,7 @@ def main() -> None:
                     f"{m[1] * 1e3:.2f}",
                     f"{m[2] * 1e3:.2f}",
                     f"{m[0] / base[0]:.3f}x",
+                    f"{m[1] / base[1]:.3f}x",
                     f"{m[2] / base[2]:.3f}x",
                 ]
                 for d, m in med.items()

@@ -1,10 +1,12 @@
 """Where a pull's time goes: cProfile over repeated pulls, the functions that take the time.
 
 Setup: one table of ``--rows`` rows (random int64 keys), dim 64, Adagrad, every row in DRAM,
-as in ``bench_threads.py``. For each batch size, ``--repeat`` pulls of existing keys (hits
-only) and of batches with 10% new keys (created, since admission is admit-all) run under
-cProfile after as many untimed ones; the table lists the functions with the most own time,
-in microseconds per pull, beside ``lookup`` of the same hits into a reused output.
+as in ``bench_threads.py``; ``--dtype bfloat16`` (or float16) stores its rows in half
+precision (issue 29), to set a half-precision pull's functions beside float32's. For each
+batch size, ``--repeat`` pulls of existing keys (hits only) and of batches with 10% new keys
+(created, since admission is admit-all) run under cProfile after as many untimed ones; the
+table lists the functions with the most own time, in microseconds per pull, beside ``lookup``
+of the same hits into a reused output.
 
 Run from the repository root: ``.venv/bin/python bench/profile_pull.py``.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +31,22 @@ from _common import (
     versions_line,
     wall_line,
 )
+
+import evdb
+
+
+def half_table(
+    dtype: str, rows: int, dim: int, rng: np.random.Generator
+) -> tuple[evdb.Database, evdb.Table, np.ndarray]:
+    """adagrad_table_in_dram's table with its rows stored in ``dtype``."""
+    db = evdb.open(tempfile.mkdtemp(prefix="evdb-profile-"))
+    t = db.create_table(
+        "t", dim=dim, dtype=dtype, optimizer=evdb.optim.Adagrad(lr=0.05), disk=False
+    )
+    keys = rng.integers(-(2**62), 2**62, rows)
+    for chunk in np.array_split(keys, 16):
+        t.upsert(chunk, np.ones((chunk.shape[0], dim), np.float32))
+    return db, t, keys
 
 
 def profile(
@@ -67,13 +86,17 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[16_384, 65_536])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     args = parser.parse_args()
     print("profile_pull: where a pull's time goes")
     print(cpu_line())
     print(versions_line("-"))
-    print(f"setup       {args.rows:,} rows, dim {args.dim}, Adagrad, all in DRAM")
+    print(f"setup       {args.rows:,} rows, dim {args.dim}, {args.dtype}, Adagrad, all in DRAM")
     rng = np.random.default_rng(0)
-    db, t, keys = adagrad_table_in_dram("evdb-profile-", args.rows, args.dim, rng)
+    if args.dtype == "float32":
+        db, t, keys = adagrad_table_in_dram("evdb-profile-", args.rows, args.dim, rng)
+    else:
+        db, t, keys = half_table(args.dtype, args.rows, args.dim, rng)
     for batch in args.batches:
         hits = [rng.choice(keys, batch) for _ in range(args.repeat)]
         fresh = [  # warm-up, timed and profiled calls each create their own new rows
