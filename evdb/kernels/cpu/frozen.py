@@ -84,9 +84,10 @@ def search_range(directory, table_keys, q, keys, lo, hi, out):  # type: ignore[n
             if table_keys[at, 0] == keys[p]:
                 r = at
                 break
-        if r >= 0:
-            for col in range(0, q.shape[1], 64):  # one 64-byte line at a time
+        if r >= 0:  # every line the row touches: rows are not line-aligned (int4 at dim 64:
+            for col in range(0, q.shape[1], 64):  # 36 bytes, on two lines more often than not)
                 prefetch(q, r, col)
+            prefetch(q, r, q.shape[1] - 1)
         out[p - lo] = r
 
 
