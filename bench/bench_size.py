@@ -212,6 +212,8 @@ def seed_errors(
 ) -> list[tuple[int, np.ndarray]]:
     """``--seeds`` more hash seeds of the default trace (1, 2, ...), recorded at its rate and
     keep_rate without a table: per seed, its predictions minus the unsampled simulation's."""
+    if not args.seeds:
+        return []
     header = read_trace(work / "zipf.trace").header
     rate, keep = header.floor_rate or args.rate, header.keep_rate
     out = []
