@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,9 @@ def thread_cpu() -> dict[str, float]:
     The kernel counts them in clock ticks (10 ms here): the timed steps take seconds."""
     out: dict[str, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
+    # the RocksDB store's reader thread (read aheads, split multi-gets): Python names it,
+    # the kernel does not
+    readers = {t.native_id for t in threading.enumerate() if t.name.startswith("evdb-prefetch")}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
@@ -71,8 +75,8 @@ def thread_cpu() -> dict[str, float]:
             continue
         if tid == str(os.getpid()):
             group = "main"
-        elif comm.startswith("evdb-prefetch"):
-            group = "reader"  # the RocksDB store's reader thread (read ahead, split reads)
+        elif int(tid) in readers:
+            group = "reader"
         else:
             group = "rocksdb" if comm.startswith("rocksdb") else "numba"
         out[f"{group}/{tid}"] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
