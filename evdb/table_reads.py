@@ -419,8 +419,7 @@ class TableReads:
             k_miss = dp.keys_to_host(k)[miss]
             if self._chain.has_rows_below:
                 values = np.empty((k_miss.shape[0], self.dim), dtype=np.float32)
-                at = np.arange(k_miss.shape[0])
-                self._read_below(k_miss, promote, later, min_live, values, at)
+                self._read_below(k_miss, promote, later, min_live, values, np.arange(miss.size))
             else:
                 self._chain.count_not_found(missing, "lookup")
                 values = self.defaults(k_miss)
@@ -428,14 +427,9 @@ class TableReads:
         return out
 
     def _read_below(
-        self,
-        keys: Int64Array,
-        promote: bool,
-        later: list[Int64Array] | None,
-        min_live: int,
-        out: Float32Array,
-        at: Int64Array,
-    ) -> BoolArray:
+        self, keys: Int64Array, promote: bool, later: list[Int64Array] | None, min_live: int,
+        out: Float32Array, at: Int64Array,
+    ) -> BoolArray:  # fmt: skip
         """Write into ``out[at]`` the values of keys the top tier lacks: their rows below where
         live, else defaults; return which keys had a live row. With ``promote``, the rows
         found are cached (clean); with ``later``, their keys are added to it. Distinct keys'
