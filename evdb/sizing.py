@@ -40,6 +40,7 @@ from evdb._types import Int64Array
 from evdb.admission import Bloom, Counter
 from evdb.config import DiskConfig, HbmConfig, TableConfig
 from evdb.errors import InvalidArgumentError
+from evdb.sizing_kernels import one_thread
 from evdb.sizing_lru import LruCurve, lru_curve, trace_accesses
 from evdb.sizing_report import MIN_MINIATURE_ROWS, MIN_SAMPLED_KEYS, SizingReport
 from evdb.trace import OPS, Trace
@@ -307,7 +308,7 @@ def _replay(
     "dram_misses", "hbm_hits", "hbm_misses") and op, (len(minis),) int64."""
     work = tempfile.mkdtemp(prefix="evdb-size-")
     try:
-        with evdb.open(work) as db:
+        with evdb.open(work) as db, one_thread():
             tables = [_create(db, f"mini{i}", m) for i, m in enumerate(minis)]
             first = int(trace.steps[0]) if trace.n_batches else 0
             db.advance(max(first, 0))

@@ -292,3 +292,15 @@ def test_table_trace_replays_exactly(tmp_path: Path) -> None:
     got = simulate(read_trace(tmp_path / "t", table=None), [120])
     for op in ("pull", "lookup"):
         assert (got.hits[op][0], got.misses[op][0]) == (real[f"{op}_hits"], real[f"{op}_misses"])
+
+
+def test_the_replay_runs_numba_on_one_thread_and_gives_the_setting_back() -> None:
+    import numba
+
+    from evdb.sizing_kernels import one_thread
+
+    before = numba.get_num_threads()
+    with pytest.raises(RuntimeError), one_thread():
+        assert numba.get_num_threads() == 1
+        raise RuntimeError("a replay that fails")
+    assert numba.get_num_threads() == before
