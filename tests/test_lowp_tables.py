@@ -364,9 +364,10 @@ def test_a_bfloat16_export_to_a_file_format_is_refused_naming_serving(tmp_path: 
             export(db, tmp_path / "out", format="npz", dtype="bfloat16")
         with pytest.raises(
             InvalidArgumentError,
-            match=r"dtype must be one of \('float32', 'float16', 'bfloat16'\), got 'int8'",
+            match=r"dtype must be one of \('float32', 'float16', 'bfloat16', 'int8', 'int4'\), "
+            "got 'int2'",
         ):
-            export(db, tmp_path / "out", dtype="int8")
+            export(db, tmp_path / "out", dtype="int2")
     assert not (tmp_path / "out").exists()
 
 
