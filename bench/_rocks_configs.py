@@ -28,6 +28,7 @@ Flags:
 ``nover``      reads without block checksum verification
 ``nofill``     multi-gets do not insert the blocks they read into the block cache
 ``mmap``       memory-mapped reads
+``nosplit``    the RocksDB tier's multi-gets are never split between two threads
 ``mtbloom``    a Bloom filter on every memtable (whole keys, 10% of its size): a read of a
                key the memtable lacks skips its skip-list search
 =============  ===========================================================================
@@ -42,11 +43,11 @@ from typing import Any
 
 import rocksdict
 
-from evdb.tiers import store, store_options
+from evdb.tiers import rocks, store, store_options
 
 FLAGS = re.compile(
     r"^(wb\d+|nbuf\d+|merge\d+|univ|l0_\d+|jobs\d+|lbase\d+|tfile\d+|bs\d+|dbhash|bloom\d+"
-    r"|hits|cache\d+|hcc|row\d+|pin|nover|nofill|mmap|mtbloom)$"
+    r"|hits|cache\d+|hcc|row\d+|pin|nover|nofill|mmap|mtbloom|nosplit)$"
 )
 
 
@@ -150,10 +151,15 @@ def evdb_options(cfg: set[str]) -> Iterator[None]:
         setattr(store_options, "read_options", read)  # noqa: B010
 
     patch(rocks_options, lambda: read_options_of(base_read(), cfg))
+    split = getattr(rocks, "SPLIT_KEYS", None)
+    if "nosplit" in cfg and split is not None:
+        rocks.SPLIT_KEYS = 1 << 62
     try:
         yield
     finally:
         patch(base_options, base_read)
+        if split is not None:
+            rocks.SPLIT_KEYS = split
 
 
 def read_options_of(opts: rocksdict.ReadOptions, cfg: set[str]) -> rocksdict.ReadOptions:
