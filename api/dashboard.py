@@ -51,6 +51,7 @@ CSP = {"Content-Security-Policy": "default-src 'self'", "X-Content-Type-Options"
 # The page's files: name -> media type (anything else under static/ is not served).
 PAGE_FILES = {
     "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard_sizing.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
     "uPlot.iife.min.js": "text/javascript; charset=utf-8",
     "uPlot.min.css": "text/css; charset=utf-8",
