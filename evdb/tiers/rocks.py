@@ -109,7 +109,9 @@ def scan_keys(cf: Callable[[], rocksdict.Rdict], chunk_rows: int) -> Iterator[In
 
 # A multi-get of at least this many keys is split in two halves read at once (see
 # RocksTier._multi_get): a round trip to the reader thread measured 12 us, a key read 3-10.
-SPLIT_KEYS = 256
+# Not below: the spilling run's multi-gets (~340 keys) split cost 5-15% more RocksDB CPU and
+# 11-23% longer steps (the reader competes with the step's own threads; bench/README).
+SPLIT_KEYS = 4096
 _MANY_CORES = len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else True
 
 _UNREAD = object()  # a key the read-ahead did not read (None: read, and not stored)
