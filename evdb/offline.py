@@ -27,6 +27,8 @@ from evdb import database as _database
 from evdb.checkpoint import MANIFEST, read_manifest
 from evdb.errors import InvalidArgumentError
 from evdb.io.importer import IMPORT_FORMATS, import_vectors
+from evdb.quantized import info as quantized_info
+from evdb.quantized import is_quantized
 from evdb.records import RecordBatch
 from evdb.storage import POINTER
 
@@ -218,6 +220,8 @@ def info(path: str | os.PathLike[str]) -> dict[str, Any]:
     manifest = read_manifest(root) if root.is_dir() else None
     if manifest is None:
         _require_database(root)
+    elif is_quantized(root):  # frozen files, not a database: read as they are served
+        return quantized_info(root)
     checkpoint = None
     if manifest is not None:
         checkpoint = {"kind": manifest["kind"], "created": manifest.get("created")}

@@ -326,8 +326,28 @@ def test_info_of_a_serving_export_shows_no_optimizer_or_ttl(db: Path, tmp_path: 
     lines = done.stdout.splitlines()
     assert lines[1] == "kind    serving export (values only: no optimizer state, TTL or admission)"
     header = next(line for line in lines if line.startswith("table "))
-    assert header.split() == ["table", "dim", "key_type", "rows", "on_disk", "disk_bytes"]
+    assert header.split() == [
+        *("table", "dim", "key_type", "rows", "on_disk", "disk_bytes", "dtype", "bytes_per_row")
+    ]
     assert "optimizer" in evdb_cli("info", db).stdout  # a database still shows its config
+
+
+def test_info_of_an_int8_export_gives_its_dtype_and_bytes_a_row(db: Path, tmp_path: Path) -> None:
+    """A quantised export is frozen files, not a database: info reads them as served."""
+    ok_json("export", db, tmp_path / "q", "--format", "serving", "--dtype", "int8")
+    out = ok_json("info", tmp_path / "q")
+    assert out["checkpoint"]["kind"] == "export-serving"
+    source = ok_json("info", db)["tables"]
+    for name, t in out["tables"].items():
+        assert t["rows"] == source[name]["rows"] and t["stats"]["dtype"] == "int8"
+        dram = t["stats"]["tiers"]["dram"]
+        assert dram["rows"] == t["rows"]
+        assert dram["bytes_per_row"] * t["rows"] == pytest.approx(dram["bytes"])
+    lines = evdb_cli("info", tmp_path / "q").stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("table "))
+    assert lines[at].split()[-2:] == ["dtype", "bytes_per_row"]
+    shown = {line.split()[0]: line.split()[-2] for line in lines[at + 1 :] if line.strip()}
+    assert shown == {name: "int8" for name in out["tables"]}
 
 
 def test_import_then_info(tmp_path: Path) -> None:

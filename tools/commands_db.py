@@ -61,14 +61,20 @@ def cmd_info(path: Path, as_json: bool) -> None:
         print_table(["table", "rows", "changed_rows"], rows)
         return
     header = ["table", "dim", "key_type", "rows", "on_disk", "disk_bytes"]
-    if not serving:
+    if serving:  # what a row costs served
+        header += ["dtype", "bytes_per_row"]
+    else:
         header += ["ttl_steps", "l2_threshold", "optimizer"]
     rows = []
     for name, t in result["tables"].items():
         disk = t["stats"]["tiers"].get("rocksdb", {})
         cfg = t["config"]
         rows.append([name, t["dim"], t["key_type"], t["rows"], disk.get("rows"), disk.get("bytes")])
-        if not serving:
+        if serving:
+            dram = t["stats"]["tiers"].get("dram", {})
+            per_row = dram.get("bytes_per_row") if dram.get("rows") else None  # none loaded yet
+            rows[-1] += [t["stats"].get("dtype", cfg.get("dtype")), per_row]
+        else:
             rows[-1] += [cfg["ttl_steps"], cfg["l2_threshold"], cfg["optimizer"]["kind"]]
     print_table(header, rows)
     counted = [

@@ -32,6 +32,7 @@ __all__ = ["Compiled", "WarmUp", "cache_dir", "compile_kernel", "kernel_names", 
 MODULES = (
     "bags",
     "evict",
+    "frozen",
     "index",
     "init",
     "lowp",
