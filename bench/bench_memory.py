@@ -89,6 +89,7 @@ def evdb_table(rows: int, dim: int, optimizer: str, dtype: str = "float32") -> d
         t = make(db, "t")
         keys = random_keys(rng, rows)
         fill(t, keys, dim, rng)
+        del keys  # the bench's, not the table's (torch's side holds only a batch of indices)
         grown = _settle() - before
         stats = t.stats()
         parts = stats["tiers"]["dram"]["bytes_per_row_by_component"]
