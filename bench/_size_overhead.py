@@ -1,14 +1,14 @@
 """``bench_size.py``'s recording-overhead part: a training step with and without a key trace.
 
-One training step (``pull`` + fused Adagrad ``push`` of a batch of Zipf(1.1) keys, dim 16,
-every row in DRAM: the fastest step, so the largest ratio) plain, with a fixed-rate recorder
-(``min_keys=0``) and with the default one (``min_keys`` raising the rate), in turn, each going
-first in turn. Per step, two clocks: wall time, and the calling thread's CPU time, which
-other processes on a shared machine disturb far less (a step preempted for 100 ms reads as
-100 ms of wall time, and as its own CPU time). The thread's CPU leaves out what other threads
-do for the step (numba's workers, RocksDB's, the recorder's chunk writer): the wall-time
-amortized figure, which waits for the writer, counts that. Min and median of each, and
-``record`` alone against the step.
+One training step (``pull`` + fused Adagrad ``push`` of a batch of Zipf(1.1) keys, dim 16 by
+default (``--dim``), every row in DRAM: the fastest step, so the largest ratio) plain, with a
+fixed-rate recorder (``min_keys=0``) and with the default one (``min_keys`` raising the
+rate), in turn, each going first in turn. Per step, two clocks: wall time, and the calling
+thread's CPU time, which other processes on a shared machine disturb far less (a step
+preempted for 100 ms reads as 100 ms of wall time, and as its own CPU time). The thread's CPU
+leaves out what other threads do for the step (numba's workers, RocksDB's, the recorder's
+chunk writer): the wall-time amortized figure, which waits for the writer, counts that. Min
+and median of each, and ``record`` alone against the step.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from _common import print_table
 import evdb
 from evdb.trace import DEFAULT_MIN_KEYS, KeyRecorder
 
-DIM = 16
+DIM = 16  # the default --dim: the cheapest step, so the largest ratio
 
 Clock = tuple[float, float]  # (wall seconds, the calling thread's CPU seconds)
 
@@ -49,12 +49,12 @@ def bench_overhead(
     steps = [draw(rng, args.batch) for _ in range(64)]
     work = tempfile.mkdtemp(prefix="bench-size-")
     with evdb.open(work) as db:  # removed below
-        t = db.create_table("item", dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.05))
+        t = db.create_table("item", dim=args.dim, optimizer=evdb.optim.Adagrad(lr=0.05))
         recs = {
             "fixed": KeyRecorder.for_table(t, Path(work) / "f.trace", rate=args.rate, min_keys=0),
             "default": KeyRecorder.for_table(t, Path(work) / "d.trace", rate=args.rate),
         }
-        grads = np.zeros((args.batch, DIM), dtype=np.float32)
+        grads = np.zeros((args.batch, args.dim), dtype=np.float32)
 
         def step(keys: np.ndarray, rec: KeyRecorder | None) -> Clock:
             t.trace(rec)  # Table.pull records when a recorder is attached
@@ -99,7 +99,8 @@ def bench_overhead(
     shutil.rmtree(work, ignore_errors=True)
     print(f"\n## Recording overhead on a training step ({len(times['plain'])} steps each)")
     print(
-        f"setup: pull + Adagrad push of {args.batch:,} Zipf(1.1) keys, dim {DIM}, all in DRAM, "
+        f"setup: pull + Adagrad push of {args.batch:,} Zipf(1.1) keys, dim {args.dim}, all in "
+        "DRAM, "
         f"64 batches over and over (a small key space: min_keys keeps the default recorder's "
         f"rate at {rates['default']:.3f}); 'fixed' = KeyRecorder(rate={args.rate:g}, "
         f"min_keys=0), 'default' = KeyRecorder(rate={args.rate:g}) (min_keys="

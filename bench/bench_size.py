@@ -403,6 +403,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--accesses", type=int, default=2_000_000)
     parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument(
+        "--dim", type=int, default=DIM, help="overhead: the table's dim (16: the cheapest step)"
+    )
     parser.add_argument("--rate", type=float, default=0.01)
     parser.add_argument("--rounds", type=int, default=8, help="overhead: rounds of 64 steps")
     parser.add_argument(
