@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from evdb._types import Float32Array, Int64Array
+from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.arrays import check_lookup_buffers
 from evdb.errors import InvalidArgumentError, InvalidTypeError
 
 COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}
@@ -101,3 +102,23 @@ def parse_bags(
     else:
         norm = float(max_norm)
     return Bags(bounds, w, COMBINERS[combiner], norm)
+
+
+def parse_lookup(
+    n: int,
+    dim: int,
+    offsets: Any,
+    weights: Any,
+    combiner: str | None,
+    max_norm: float | None,
+    out: Float32Array | None,
+    found: BoolArray | None,
+) -> tuple[Bags | None, tuple[int, int]]:
+    """A lookup of n keys' bag arguments and buffers checked (``Table.lookup``'s and every
+    reader's that answers like it): its bags (None: plain rows, one a key) and the shape of
+    its answer."""
+    plain = offsets is None and weights is None and combiner is None and max_norm is None
+    bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
+    shape = (n if bags is None else bags.n_bags, dim)
+    check_lookup_buffers(out, shape, found, n)
+    return bags, shape

@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
-from evdb.arrays import check_lookup_buffers
-from evdb.bags import parse_bags
+from evdb.bags import parse_lookup
 from evdb.config import TableConfig
 from evdb.errors import CorruptDataError, InvalidArgumentError, TableNotFoundError
 from evdb.keys import normalize_keys
@@ -175,10 +174,7 @@ class QuantizedTable:
         serving snapshot has no TTL)."""
         k = self._keys(keys)
         n = k.shape[0]
-        plain = offsets is None and weights is None and combiner is None and max_norm is None
-        bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
-        shape = (n if bags is None else bags.n_bags, self.dim)
-        check_lookup_buffers(out, shape, found, n)
+        bags, shape = parse_lookup(n, self.dim, offsets, weights, combiner, max_norm, out, found)
         if out is None:
             out = np.empty(shape, dtype=np.float32)
         if bags is not None:

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
-from evdb.arrays import check_lookup_buffers
-from evdb.bags import parse_bags
+from evdb.bags import parse_lookup
 from evdb.changelog import ChangeLog
 from evdb.config import TableConfig
 from evdb.dedup import Deduper
@@ -327,10 +326,7 @@ class TableReads:
         n = k.shape[0]
         if record and self._recorder is not None:
             self._recorder.record("lookup", k, self._db.step)
-        plain = offsets is None and weights is None and combiner is None and max_norm is None
-        bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
-        shape = (n if bags is None else bags.n_bags, self.dim)
-        check_lookup_buffers(out, shape, found, n)
+        bags, shape = parse_lookup(n, self.dim, offsets, weights, combiner, max_norm, out, found)
         if out is None:
             out = np.empty(shape, dtype=np.float32)
         if bags is not None:

@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
-from evdb.arrays import check_lookup_buffers
-from evdb.bags import parse_bags
+from evdb.bags import parse_lookup
 from evdb.config import TableConfig
 from evdb.errors import InvalidArgumentError
 from evdb.kernels import backend
@@ -219,10 +218,7 @@ class TableView:
         table = self.table
         k = normalize_keys(keys, table.config.key_type)
         n = k.shape[0]
-        plain = offsets is None and weights is None and combiner is None and max_norm is None
-        bags = None if plain else parse_bags(n, offsets, weights, combiner, max_norm)
-        shape = (n if bags is None else bags.n_bags, table.dim)
-        check_lookup_buffers(out, shape, found, n)
+        bags, shape = parse_lookup(n, table.dim, offsets, weights, combiner, max_norm, out, found)
         have = np.empty(n, dtype=bool) if found is None else found
         values = table.lookup(
             k, out=out if bags is None else None, promote=promote, found=have, step=s
