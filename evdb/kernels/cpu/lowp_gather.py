@@ -26,13 +26,13 @@ from evdb.kernels.cpu._common import (
     i8,
     lazy_njit,
     prefetch,
-    prefetch_write,
     u8,
 )
 from evdb.kernels.cpu.bags import _clip_scale, _divisor
 from evdb.kernels.cpu.index import probe_range
 from evdb.kernels.cpu.init import default_row
 from evdb.kernels.cpu.lowp import U1_2D, U2_2D, U4_2D, dequantize_row, widen_row
+from evdb.kernels.cpu.stamp import prefetch_stamp, stamp_pulled_row
 from evdb.kernels.reference.lowp import check_bits, half_format
 
 __all__ = [
@@ -251,20 +251,15 @@ def _stamp_widen_chunk(  # type: ignore[no-untyped-def]
         if r >= 0:
             for col in range(0, half.shape[1], 32):
                 prefetch(half, r, col)
-            prefetch_write(freq, r)
-            prefetch_write(last_step, r)
-            prefetch_write(versions, r)
+            prefetch_stamp(freq, last_step, versions, r)
     n = 0
     for i in range(lo, hi):
         r = rows[i]
         if r < 0:
             continue
-        f = np.int64(freq[r]) + counts[i]
-        freq[r] = np.uint32(f if f < freq_max else freq_max)
-        last_step[r] = step
-        versions[r] = ver
-        is_dirty[r] = True
-        is_pinned[r] = True
+        stamp_pulled_row(
+            r, counts[i], step, ver, freq_max, freq, last_step, versions, is_dirty, is_pinned
+        )
         widen_row(half, r, fmt, out, i)
         n += 1
     return n

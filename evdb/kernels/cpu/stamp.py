@@ -68,6 +68,27 @@ _GATHER_CHUNK = 256
 
 
 @njit(inline="always", **OPTS)
+def prefetch_stamp(freq, last_step, versions, r):  # type: ignore[no-untyped-def]
+    """Put in flight the metadata lines ``stamp_pulled_row`` writes."""
+    prefetch_write(freq, r)
+    prefetch_write(last_step, r)
+    prefetch_write(versions, r)
+
+
+@njit(inline="always", **OPTS)
+def stamp_pulled_row(  # type: ignore[no-untyped-def]
+    r, count, step, ver, freq_max, freq, last_step, versions, is_dirty, is_pinned
+):
+    """A pulled row's bookkeeping: its count added to freq (saturating), stamped, pinned."""
+    f = np.int64(freq[r]) + count
+    freq[r] = np.uint32(f if f < freq_max else freq_max)
+    last_step[r] = step
+    versions[r] = ver
+    is_dirty[r] = True
+    is_pinned[r] = True
+
+
+@njit(inline="always", **OPTS)
 def _pulled_chunk(  # type: ignore[no-untyped-def]
     c, rows, counts, step, ver, freq_max,
     freq, last_step, versions, is_dirty, is_pinned, values, out,
@@ -79,20 +100,15 @@ def _pulled_chunk(  # type: ignore[no-untyped-def]
         if r >= 0:
             for col in range(0, values.shape[1], 16):
                 prefetch(values, r, col)
-            prefetch_write(freq, r)
-            prefetch_write(last_step, r)
-            prefetch_write(versions, r)
+            prefetch_stamp(freq, last_step, versions, r)
     n = 0
     for i in range(lo, hi):
         r = rows[i]
         if r < 0:
             continue
-        f = np.int64(freq[r]) + counts[i]
-        freq[r] = np.uint32(f if f < freq_max else freq_max)
-        last_step[r] = step
-        versions[r] = ver
-        is_dirty[r] = True
-        is_pinned[r] = True
+        stamp_pulled_row(
+            r, counts[i], step, ver, freq_max, freq, last_step, versions, is_dirty, is_pinned
+        )
         copy_row(values, r, out, i)
         n += 1
     return n
