@@ -29,34 +29,13 @@ from evdb.kernels.cpu._common import (
 )
 from evdb.kernels.cpu.bags import _clip_scale, _divisor
 from evdb.kernels.cpu.init import default_row
-from evdb.kernels.cpu.lowp import U1_2D, float16_value
+from evdb.kernels.cpu.lowp import U1_2D, dequantize_row
 from evdb.kernels.reference.lowp import check_bits
 
 __all__ = ["search_gather_combine_dequantized", "search_gather_dequantized"]
 
 GATHER_CHUNK = 32  # keys searched together, as cpu.index
 BAG_CHUNK = 32  # bags per task, as cpu.bags
-
-
-@lazy_njit(types.void(U1_2D, i8, i8, F4_2D, i8), inline="always")
-def dequantize_row(q, r, bits, out, i):  # type: ignore[no-untyped-def]
-    """out[i] = row r of q dequantised, in float32: code * scale is exact in float32 (8 + 11
-    significant bits) and the add rounds once, so it equals the reference's float64
-    arithmetic bit for bit, at twice the SIMD width; int4 unpacks a byte's two codes at
-    once (``cpu.lowp.dequantize_row`` shifts per element)."""
-    scale = np.float32(float16_value(np.uint16(q[r, 0]) | (np.uint16(q[r, 1]) << np.uint16(8))))
-    bias = np.float32(float16_value(np.uint16(q[r, 2]) | (np.uint16(q[r, 3]) << np.uint16(8))))
-    dim = out.shape[1]
-    if bits == 8:
-        for j in range(dim):
-            out[i, j] = np.float32(q[r, 4 + j]) * scale + bias
-        return
-    for k in range(dim // 2):
-        b = q[r, 4 + k]
-        out[i, 2 * k] = np.float32(b & np.uint8(0x0F)) * scale + bias
-        out[i, 2 * k + 1] = np.float32(b >> np.uint8(4)) * scale + bias
-    if dim % 2:
-        out[i, dim - 1] = np.float32(q[r, 4 + dim // 2] & np.uint8(0x0F)) * scale + bias
 
 
 @lazy_njit(types.void(I8_2D, I8_2D, U1_2D, I8, i8, i8, I8), inline="always")
