@@ -57,7 +57,7 @@ cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 # stats() entries that every shard has alike (taken from rank 0) rather than summed
 _ALIKE = {"name", "dim", "step", "pushes", "policy", "min_count", "dtype", "capacity", "hashes"}
 _ALIKE |= {"counters"}
-_PER_SHARD = {"version", "bytes_per_row", "fill"}  # meaningless summed: in "shards" only
+_PER_SHARD = {"version", "bytes_per_row", "bytes_per_row_by_component", "fill"}  # in "shards" only
 
 
 @dataclass(frozen=True)

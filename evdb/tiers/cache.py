@@ -521,7 +521,8 @@ class ColumnCache(CacheTier):
     def stats(self) -> dict[str, Any]:
         high = self.alloc.high_water
         slab = sum(getattr(self, c)[:high].nbytes for c in COLUMNS)
-        per_row = 1 / max(len(self), 1)
+        # per row: None while the tier holds no row (its index bytes are not a row's cost)
+        per_row = 1 / len(self) if len(self) else None
         values, slots = self.values[:high].nbytes, self.slots[:high].nbytes
         keys = self.row_keys[:high].nbytes  # row -> key: the index's other half
         pinned = self._dev(np.unique(self._pinned_rows))
@@ -534,10 +535,12 @@ class ColumnCache(CacheTier):
             "pinned": int(self.xp.count_nonzero(self.is_pinned[pinned])),
             "bytes": int(slab + self.index.nbytes),
             "index_bytes": self.index.nbytes,
-            "bytes_per_row": (slab + self.index.nbytes) / max(len(self), 1),
+            "bytes_per_row": None if per_row is None else (slab + self.index.nbytes) * per_row,
             # what a row costs, by part (rows allocated over rows live: a freed row's storage
             # counts until it is reused)
-            "bytes_per_row_by_component": {
+            "bytes_per_row_by_component": None
+            if per_row is None
+            else {
                 "values": values * per_row,
                 "slots": slots * per_row,
                 "metadata": (slab - values - slots - keys) * per_row,

@@ -148,3 +148,24 @@ def test_victims_are_the_lowest_scores_of_the_rows_allowed(eviction: str, seed: 
         assert score[victims].max() <= score[rest].min()
     tier.remove_rows(victims)  # what the chain does next: the tier stays consistent
     assert len(tier) == live.shape[0] - want
+
+
+def test_an_empty_tier_states_no_bytes_a_row_and_a_filled_one_its_bytes_over_rows() -> None:
+    # An empty tier's index bytes over no row are not what a row costs: None, not a number
+    tier = dram_tier(DIM, SLOTS, DramConfig(capacity_rows=None))
+    empty = tier.stats()
+    assert empty["bytes_per_row"] is None and empty["bytes_per_row_by_component"] is None
+    tier.put(np.arange(10, dtype=np.int64), records(10))
+    s = tier.stats()
+    assert s["bytes_per_row"] == pytest.approx(s["bytes"] / 10)
+    assert sum(s["bytes_per_row_by_component"].values()) == pytest.approx(s["bytes_per_row"])
+
+
+def test_sharded_stats_keep_bytes_a_row_per_shard_instead_of_summing_them() -> None:
+    from evdb.distributed.table import _merge_stats
+
+    tiers = [dram_tier(DIM, SLOTS, DramConfig(capacity_rows=None)) for _ in range(2)]
+    tiers[0].put(np.arange(10, dtype=np.int64), records(10))  # the other shard stays empty
+    merged = _merge_stats([{"tiers": {"dram": t.stats()}} for t in tiers])["tiers"]["dram"]
+    assert merged["rows"] == 10
+    assert "bytes_per_row" not in merged and "bytes_per_row_by_component" not in merged
