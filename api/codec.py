@@ -161,6 +161,7 @@ def dumps(obj: Any) -> bytes:
 DATATYPES: dict[str, np.dtype[Any]] = {
     "INT64": np.dtype("<i8"),
     "FP32": np.dtype("<f4"),
+    "FP16": np.dtype("<f2"),  # embeddings asked for in half precision
     "BOOL": np.dtype(np.bool_),
 }
 

@@ -12,7 +12,8 @@ spreads connections over them. The messages are tritonclient's generated ones
 (shared memory, load/unload, statistics, tracing, streaming) answer UNIMPLEMENTED.
 
 Inputs arrive as ``raw_input_contents`` (tritonclient's way) or typed ``contents``; outputs
-leave as ``raw_output_contents`` (FP32 and BOOL little-endian, as tritonclient reads them).
+leave as ``raw_output_contents`` (FP32 and BOOL little-endian, as tritonclient reads them;
+FP16 embeddings when the request's or the output's ``datatype`` parameter says so).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import evdb
 from . import models
 from .codec import ApiError, decode_keys, short
 from .deps import table_of
-from .lookup import check_count, lookup_rows
+from .lookup import V2_ANSWER_DATATYPES, cast_answer, check_count, lookup_rows, v2_datatype
 from .routers.kserve import EXTENSIONS
 from .snapshots import Snapshot
 
@@ -174,11 +175,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 raise ApiError(
                     422, f"outputs: {short(unknown[0])} is not an output (embeddings, found)"
                 )
+            datatype = v2_datatype(_datatype_parameters(request))
             embeddings, found = lookup_rows(table, keys)
             missing = len(keys) - int(np.count_nonzero(found))
             self.metrics.served(name, len(keys), missing)
             tensors = {
-                "embeddings": ("FP32", [*shape, table.dim], embeddings.astype("<f4", copy=False)),
+                "embeddings": (
+                    datatype,
+                    [*shape, table.dim],
+                    cast_answer(embeddings, V2_ANSWER_DATATYPES[datatype]),
+                ),
                 "found": ("BOOL", shape, found),
             }
             response = service_pb2.ModelInferResponse(
@@ -189,6 +195,25 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             response.outputs.add(name=out, datatype=datatype, shape=out_shape)
             response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
         return response
+
+
+def _parameter(parameters: Any, name: str) -> Any:
+    """The value of an ``InferParameter`` map's entry (None if absent)."""
+    if name not in parameters:
+        return None
+    p = parameters[name]
+    choice = p.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(p, choice)
+
+
+def _datatype_parameters(request: Any) -> list[tuple[str, Any]]:
+    """As ``routers.kserve``'s: the embeddings output's ``datatype``, then the request's."""
+    asked = [
+        (f"outputs[{i}].parameters.datatype", _parameter(o.parameters, "datatype"))
+        for i, o in enumerate(request.outputs)
+        if o.name == "embeddings"
+    ]
+    return [*asked, ("parameters.datatype", _parameter(request.parameters, "datatype"))]
 
 
 def _inputs(request: Any) -> tuple[list[Any], bytes]:

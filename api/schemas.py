@@ -49,6 +49,11 @@ class LookupRequest(_Strict):
     combiner: Combiner | None = Field(
         default=None, description="How a bag's rows combine (default with offsets: mean)."
     )
+    dtype: Literal["float32", "float16"] | None = Field(
+        default=None,
+        description="The answer's rows: float32 (default) or float16 (the float32 rows "
+        "cast, round to nearest; half the bytes). Also the `dtype` query parameter.",
+    )
 
 
 class IntLookupRequest(LookupRequest):

@@ -2,10 +2,13 @@
 (tritonclient's HTTP client, KServe) call evdb unchanged.
 
 A model takes one input, ``keys`` (INT64, or BYTES for a str table, of any shape S), and
-gives ``embeddings`` (FP32, S + [dim]) and ``found`` (BOOL, S). The binary tensor data
-extension is supported both ways: an input may arrive as raw bytes after the JSON header
-(``Inference-Header-Content-Length``), and outputs asked for with ``binary_data`` (or the
-request's ``binary_data_output``) leave the same way. A model's version is the snapshot's.
+gives ``embeddings`` (FP32, S + [dim]) and ``found`` (BOOL, S). ``embeddings`` come as FP16
+when the request asks, with the parameter ``"datatype": "FP16"`` on the request (what
+tritonclient's ``infer(..., parameters=...)`` sends) or on the requested output. The
+binary tensor data extension is supported both ways: an input may arrive as raw bytes
+after the JSON header (``Inference-Header-Content-Length``), and outputs asked for with
+``binary_data`` (or the request's ``binary_data_output``) leave the same way. A
+model's version is the snapshot's.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from ..codec import (
     wanted_outputs,
 )
 from ..deps import holder_of, settings_of, table_of, use_snapshot
-from ..lookup import check_count, lookup_rows
+from ..lookup import V2_ANSWER_DATATYPES, cast_answer, check_count, lookup_rows, v2_datatype
 from ..openapi import body_doc, error_responses
 from ..schemas import (
     InferError,
@@ -133,6 +136,17 @@ async def model_ready(model: str, request: Request, version: str | None = None) 
     return _json({"name": model, "ready": True})
 
 
+def _datatype_parameters(req: InferRequest) -> list[tuple[str, Any]]:
+    """The request's ``datatype`` parameters for the embeddings output, the output's own
+    first (see ``lookup.v2_datatype``)."""
+    asked = [
+        (f"outputs[{i}].parameters.datatype", (o.parameters or {}).get("datatype"))
+        for i, o in enumerate(req.outputs or [])
+        if o.name == "embeddings"
+    ]
+    return [*asked, ("parameters.datatype", (req.parameters or {}).get("datatype"))]
+
+
 def _infer_doc(*path: str) -> dict[str, Any]:
     return {
         "response_model": InferResponse,
@@ -169,10 +183,15 @@ async def infer(request: Request) -> Response:
         keys, shape = decode_keys(req.inputs, binary, table.config.key_type)
         check_count(len(keys), settings.max_keys)
         binary_out = wanted_outputs(req)
+        datatype = v2_datatype(_datatype_parameters(req))
         embeddings, found = lookup_rows(table, keys)
         request.app.state.metrics.served(model, len(keys), len(keys) - int(np.count_nonzero(found)))
         tensors = {
-            "embeddings": (embeddings, [*shape, table.dim], "FP32"),
+            "embeddings": (
+                cast_answer(embeddings, V2_ANSWER_DATATYPES[datatype]),
+                [*shape, table.dim],
+                datatype,
+            ),
             "found": (found, shape, "BOOL"),
         }
         head: dict[str, Any] = {"model_name": model, "model_version": snap.version}

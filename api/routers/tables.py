@@ -23,7 +23,7 @@ from ..codec import (
     wants_octet,
 )
 from ..deps import settings_of, table_of, use_snapshot
-from ..lookup import check_count, lookup_rows
+from ..lookup import answer_dtype, cast_answer, check_count, lookup_rows
 from ..openapi import body_doc, error_responses
 from ..schemas import (
     Error,
@@ -40,6 +40,21 @@ router = APIRouter(prefix="/v1/tables", tags=["tables"])
 ERRORS = error_responses(Error, 404, 413, 415, 422, 503)
 
 OCTET_KEYS = "Little-endian int64 keys, 8 bytes each (int64 tables; no bags)."
+DTYPE_HEADER = "X-Evdb-Dtype"
+DTYPE_QUERY = {
+    "name": "dtype",
+    "in": "query",
+    "required": False,
+    "description": "The answer's rows: float32 (default) or float16 (as the body's dtype; "
+    "the one way to ask with a raw-bytes body).",
+    "schema": {"type": "string", "enum": ["float32", "float16"]},
+}
+
+
+def _lookup_doc() -> dict[str, Any]:
+    doc = body_doc(LookupRequest, octet=OCTET_KEYS, path=("name",))
+    doc["parameters"].append(DTYPE_QUERY)
+    return doc
 
 
 @router.get("", response_model=TablesResponse, responses={503: {"model": Error}})
@@ -76,11 +91,12 @@ async def table_stats(name: str, request: Request) -> Response:
         200: {
             "content": {OCTET: {}},
             "description": f"JSON, or with `Accept: {OCTET}` the raw little-endian float32 "
-            f"matrix; its shape is in `{SHAPE_HEADER}` (rows,dim) and `{FOUND_HEADER}` holds "
-            "found as base64 of numpy.packbits(found, bitorder='little').",
+            f"(or float16, asked with dtype) matrix; its shape is in `{SHAPE_HEADER}` "
+            f"(rows,dim), its dtype in `{DTYPE_HEADER}`, and `{FOUND_HEADER}` holds found as "
+            "base64 of numpy.packbits(found, bitorder='little').",
         },
     },
-    openapi_extra=body_doc(LookupRequest, octet=OCTET_KEYS, path=("name",)),
+    openapi_extra=_lookup_doc(),
 )
 async def lookup(request: Request) -> Response:
     """Rows of keys, or combined bags: exactly ``Table.lookup`` on the snapshot, plus found
@@ -88,6 +104,7 @@ async def lookup(request: Request) -> Response:
     name: str = request.path_params["name"]
     settings = settings_of(request)
     kind = body_type(request, JSON, OCTET)
+    dtype = answer_dtype("dtype", request.query_params.get("dtype"))
     body = await read_body(request, settings.max_body_bytes)
     with use_snapshot(request) as snap:
         table = table_of(snap, name)
@@ -104,18 +121,26 @@ async def lookup(request: Request) -> Response:
             req = validate(StrLookupRequest if str_keys else IntLookupRequest, data)
             keys = req.keys if str_keys else np.array(req.keys, dtype=np.int64)
             offsets, weights, combiner = req.offsets, req.weights, req.combiner
+            if dtype is not None and req.dtype is not None and dtype != req.dtype:
+                raise ApiError(422, f"dtype: the query asks {dtype}, the body's dtype {req.dtype}")
+            dtype = dtype or req.dtype
         check_count(len(keys), settings.max_keys)
         embeddings, found = lookup_rows(table, keys, offsets, weights, combiner)
         version = snap.version
         request.app.state.metrics.served(name, len(keys), len(keys) - int(np.count_nonzero(found)))
         dim = table.dim
+    embeddings = cast_answer(embeddings, dtype)
+    dtype_name = embeddings.dtype.name
     if wants_octet(request):
         packed = np.packbits(found, bitorder="little").tobytes()
         headers = {
             SHAPE_HEADER: f"{embeddings.shape[0]},{dim}",
             FOUND_HEADER: base64.b64encode(packed).decode(),
             VERSION_HEADER: version,
+            DTYPE_HEADER: dtype_name,
         }
         return Response(embeddings.tobytes(), media_type=OCTET, headers=headers)
     body = dumps({"table": name, "dim": dim, "embeddings": embeddings, "found": found})
-    return Response(body, media_type=JSON, headers={VERSION_HEADER: version})
+    return Response(
+        body, media_type=JSON, headers={VERSION_HEADER: version, DTYPE_HEADER: dtype_name}
+    )
