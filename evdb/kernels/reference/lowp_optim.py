@@ -6,8 +6,12 @@ stochastic, values, slots)``: as ``reference.optim.segment_sum_apply``, except t
 ``rows[u]`` is read widened to float32, updated by the same rule in float64, rounded to
 float32 and then stored rounded to its half format: stochastically with the bits of
 (``seed``, ``keys[u]``, ``step``, column), or to nearest even when ``stochastic`` is False.
-Slots stay float32 (a table's ``slot_dtype`` defaults to float32; row-wise Adagrad keeps one
-accumulator a row, so half-precision slots buy little there). Rounding the update's result
+
+Slots are float32, or stored in the values' half format (a table's ``slot_dtype``): then they
+are widened on read, updated by the same rule, and the row and its slots are rounded as one
+record of ``dim + n_slots`` columns, the slots taking columns ``dim .. dim + n_slots - 1``,
+so a slot never reuses its row's random bits. (Row-wise Adagrad keeps one accumulator a row:
+half slots buy 2 bytes there; Adagrad and Adam keep dim and 2 dim.) Rounding the update's result
 directly, without stochastic rounding, loses every update smaller than half an ulp: at
 bfloat16's 8 bits, lr * g below 0.4% of the weight; that is what the tests show.
 """
@@ -16,12 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from evdb.errors import InvalidArgumentError
+from evdb.errors import InvalidArgumentError, InvalidTypeError
 from evdb.kernels import OptimizerKind
 from evdb.kernels.reference.lowp import half_format, narrow, rounding_bits, widen
 from evdb.kernels.reference.optim import apply_rule
 
-__all__ = ["LOWP_KINDS", "segment_sum_apply_lowp"]
+__all__ = ["LOWP_KINDS", "has_half_slots", "segment_sum_apply_lowp"]
 
 # The rules with a half-precision variant: SGD, Adagrad, lazy Adam and row-wise Adagrad.
 LOWP_KINDS = (
@@ -42,6 +46,18 @@ def check_lowp_kind(kind: int) -> int:
     return int(kind)
 
 
+def has_half_slots(values: np.ndarray, slots: np.ndarray) -> bool:
+    """Whether slots are stored in half precision (then in the values' format), or
+    InvalidTypeError naming what slots may be."""
+    if slots.dtype == np.float32:
+        return False
+    if slots.dtype == values.dtype and slots.dtype in (np.uint16, np.float16):
+        return True
+    raise InvalidTypeError(
+        f"slots: expected float32, or the values' own storage ({values.dtype}), got {slots.dtype}"
+    )
+
+
 def segment_sum_apply_lowp(
     grads: np.ndarray,
     positions: np.ndarray,
@@ -58,9 +74,11 @@ def segment_sum_apply_lowp(
 ) -> None:
     """Sum each row's gradient over its positions, apply rule ``kind`` in float64 and store
     the row rounded to its half format (module docstring). values (R, dim) uint16 (bfloat16
-    bits) or float16; slots (R, n_slots) float32; keys (u,) int64, the key of each row."""
+    bits) or float16; slots (R, n_slots) float32 or values' dtype; keys (u,) int64, the key
+    of each row."""
     fmt = half_format("values", values)
     check_lowp_kind(kind)
+    half_slots = has_half_slots(values, slots)
     u = rows.shape[0]
     seg = np.repeat(np.arange(u), np.diff(bounds))
     g = np.zeros((u, grads.shape[1]))
@@ -68,8 +86,17 @@ def segment_sum_apply_lowp(
     live = rows >= 0
     r = rows[live]
     w = widen(values[r]).astype(np.float64)
-    w, s = apply_rule(kind, hyper, w, slots[r].astype(np.float64), g[live])
+    s = (widen(slots[r]) if half_slots else slots[r]).astype(np.float64)
+    w, s = apply_rule(kind, hyper, w, s, g[live])
     w32 = w.astype(np.float32)
-    rbits = rounding_bits(seed, keys[live], step, w32.shape[1]) if stochastic else None
-    values[r] = narrow(w32, fmt, rbits)
-    slots[r] = s
+    if not half_slots:
+        rbits = rounding_bits(seed, keys[live], step, w32.shape[1]) if stochastic else None
+        values[r] = narrow(w32, fmt, rbits)
+        slots[r] = s
+        return
+    record = np.concatenate([w32, s.astype(np.float32)], axis=1)  # one record: row, slots
+    rbits = rounding_bits(seed, keys[live], step, record.shape[1]) if stochastic else None
+    stored = narrow(record, fmt, rbits)
+    dim = values.shape[1]
+    values[r] = stored[:, :dim]
+    slots[r] = stored[:, dim:]
