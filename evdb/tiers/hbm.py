@@ -17,6 +17,8 @@ device's free memory (``ConfigError`` with both numbers); there is no fallback t
 Given device arrays instead (``lookup``, ``lookup_bags`` and ``pull_rows`` with a device
 ``out``, ``apply`` with device gradients), the rows stay on the device: the table's device
 path (``evdb.tiers.device_path``), whose key-sized copies the tier counts in its stats.
+A half-precision table's tier (``dtype="bfloat16"`` / ``"float16"``) is ``DeviceLowpCache``
+(``evdb.tiers.hbm_lowp``): 2-byte values on the device, answers in float32.
 
 ``device="cpu"``: **emulated HBM**, the HBM caching logic on the CPU, for tests. The rows live
 in numpy columns and the cpu kernels run on them, as in the DRAM tier; what the emulation
@@ -47,7 +49,14 @@ from evdb.records import FREQ_MAX
 from evdb.tiers.cache import ColumnCache
 from evdb.tiers.cache_lowp import LowpColumnCache
 
-__all__ = ["DeviceCache", "PinnedStaging", "device_bytes", "hbm_tier", "require_device"]
+__all__ = [
+    "DeviceCache",
+    "PinnedStaging",
+    "device_bytes",
+    "hbm_tier",
+    "on_device",
+    "require_device",
+]
 
 _EMULATED = "cpu"
 _ADVICE = "use device='cpu' for the emulated HBM tier (tests), or no hbm_rows"
@@ -89,10 +98,11 @@ def require_device(device: HbmDevice) -> None:
         )
 
 
-def device_bytes(dim: int, n_slots: int, rows: int) -> int:
-    """Device memory of an HBM tier holding ``rows`` rows: its columns (values and slots in
-    float32, 41 bytes of keys and metadata) and its hash index."""
-    per_row = 4 * dim + 4 * n_slots + 8 + 4 + 8 + 8 + 1 + 4 * 1 + 8
+def device_bytes(dim: int, n_slots: int, rows: int, value_bytes: int = 4) -> int:
+    """Device memory of an HBM tier holding ``rows`` rows: its columns (values of
+    ``value_bytes`` each: 4 for float32, 2 for bfloat16 or float16; slots in float32; 41
+    bytes of keys and metadata) and its hash index."""
+    per_row = value_bytes * dim + 4 * n_slots + 8 + 4 + 8 + 8 + 1 + 4 * 1 + 8
     return rows * per_row + index_bytes(rows, device=True)
 
 
@@ -146,7 +156,7 @@ class PinnedStaging:
         return int(self._buffer.shape[0])
 
 
-def _on_device(method: Callable[..., Any]) -> Callable[..., Any]:
+def on_device(method: Callable[..., Any]) -> Callable[..., Any]:
     """method run inside its tier's ``cupy.cuda.Device``; a generator's every step too (the
     device is not left current while the caller holds a chunk)."""
     if inspect.isgeneratorfunction(method):
@@ -186,6 +196,7 @@ class DeviceCache(ColumnCache):
         device_id: int,
         cupy: Any,
         kernels: ModuleType,
+        value_dtype: Any = np.float32,
     ) -> None:
         self.device_id = device_id
         self._cp = cupy
@@ -193,7 +204,7 @@ class DeviceCache(ColumnCache):
         with self._device_ctx():
             super().__init__(
                 dim, n_slots, config, name="hbm", device=f"cuda:{device_id}", xp=cupy,
-                kernels=kernels, emulated=False,
+                kernels=kernels, emulated=False, value_dtype=value_dtype,
             )  # fmt: skip
         self._dev = self.staging.to_device
         self._host = self.staging.to_host
@@ -213,7 +224,7 @@ class DeviceCache(ColumnCache):
         return self._cp
 
     # -- the device path: device arrays in, device arrays out (no row crosses) ------------
-    @_on_device
+    @on_device
     def lookup(self, keys: Any, min_live_step: int, out: Any, out_rows: Any) -> int:
         """``CacheTier.lookup``; with a device ``out`` (and ``out_rows``), the rows stay on
         the device."""
@@ -226,7 +237,7 @@ class DeviceCache(ColumnCache):
             )
         )  # fmt: skip
 
-    @_on_device
+    @on_device
     def lookup_bags(
         self,
         keys: Any,
@@ -246,7 +257,7 @@ class DeviceCache(ColumnCache):
             bags.max_norm, kind, np.uint64(seed), a, b, out,
         )  # fmt: skip
 
-    @_on_device
+    @on_device
     def pull_rows(self, rows: Any, counts: Any, step: int, version: int, out: Any) -> int:
         """``CacheTier.pull_rows``; with a device ``out``, the rows are copied on the device
         (``rows`` and ``counts``, key-sized, come from the host's bookkeeping)."""
@@ -261,12 +272,12 @@ class DeviceCache(ColumnCache):
         self._note_pulled(rows, n)
         return n
 
-    @_on_device
+    @on_device
     def locate_on_device(self, keys: Any) -> Any:
         """Row of each device key (a device array, -1 where absent)."""
         return self.index.find(keys)
 
-    @_on_device
+    @on_device
     def gather_into(self, out: Any, at: Any, rows: Any) -> None:
         """``out[at] = values[rows]`` on the device (rows just written into the tier)."""
         if rows.shape[0]:
@@ -286,7 +297,7 @@ class DeviceCache(ColumnCache):
 
 for _name, _member in list(vars(ColumnCache).items()):
     if callable(_member) and not _name.startswith("_") and _name not in vars(DeviceCache):
-        setattr(DeviceCache, _name, _on_device(_member))
+        setattr(DeviceCache, _name, on_device(_member))
 
 
 def hbm_tier(
@@ -311,8 +322,8 @@ def hbm_tier(
         The victim policy (``eviction``, ``half_life_steps``, ``evict_fraction``), shared with
         the DRAM tier; its ``capacity_rows`` is the DRAM tier's and is not used here.
     dtype, stochastic, seed
-        How values are stored and pushes rounded (as ``dram_tier``): half precision only on
-        emulated HBM for now; a CUDA device's tier refuses it.
+        How values are stored and pushes rounded (as ``dram_tier``): a half-precision tier
+        is ``LowpColumnCache`` on emulated HBM, ``DeviceLowpCache`` on a CUDA device.
 
     Raises
     ------
@@ -332,22 +343,24 @@ def hbm_tier(
             dim, n_slots, tier_policy, name="hbm", device=_EMULATED, xp=np,
             kernels=backend("cpu"), emulated=True,
         )  # fmt: skip
-    if dtype != "float32":
-        raise ConfigError(
-            f"dtype={dtype!r}: an HBM tier on CUDA device {config.device} stores float32 rows "
-            "only for now; use dtype='float32' or device='cpu' (emulated HBM)"
-        )
     device_id = int(config.device)
     cp = _cupy()
     with cp.cuda.Device(device_id):
         free, total = (int(x) for x in cp.cuda.runtime.memGetInfo())
-    need = device_bytes(dim, n_slots, config.capacity_rows)
+    need = device_bytes(dim, n_slots, config.capacity_rows, 4 if dtype == "float32" else 2)
     if need > free:
         raise ConfigError(
             f"device={device_id}: an HBM tier of {config.capacity_rows} rows (dim {dim}, "
-            f"{n_slots} optimizer slots) needs {need} bytes of device memory, but the device "
-            f"has {free} bytes free (of {total}); lower hbm_rows"
+            f"{n_slots} optimizer slots, {dtype} values) needs {need} bytes of device memory, "
+            f"but the device has {free} bytes free (of {total}); lower hbm_rows"
         )
+    if dtype != "float32":
+        from evdb.tiers.hbm_lowp import DeviceLowpCache  # it subclasses DeviceCache
+
+        return DeviceLowpCache(
+            dim, n_slots, tier_policy, device_id=device_id, cupy=cp, kernels=device_kernels(),
+            dtype=dtype, stochastic=stochastic, seed=seed,
+        )  # fmt: skip
     return DeviceCache(
         dim, n_slots, tier_policy, device_id=device_id, cupy=cp, kernels=device_kernels()
     )
