@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 from _common import cpu_line, fmt_rate, log, print_table, versions_line, wall_line
+from _mmap_floor import replay_mmap
 from _rocks_configs import evdb_options, parse
 from _rocks_floor import Replay, floor_replays
 from bench_tiers import GRAD_STD, TRAIN_LR, add_train_args, scratch_dir, zipf_batches
@@ -133,6 +134,7 @@ class Run:
     filtered: int = 0  # keys its key filter ruled out (not asked of RocksDB)
     calls: list[list[bytes]] = field(default_factory=list)  # the multi-gets' keys
     floor: list[Replay] = field(default_factory=list)
+    mmap_ns: float = 0.0  # the same keys from an immutable memory-mapped file, ns a key
 
     @property
     def get(self) -> Timed:
@@ -227,6 +229,7 @@ def train(
                 if run.calls and not args.no_floor:
                     log(f"  {name}: replaying {len(run.calls)} multi-gets bare (the floor)")
                     run.floor = floor_replays(rocks_tier(t), run.calls, args.tmpdir)
+                    run.mmap_ns, _ = replay_mmap(rocks_tier(t).cf, run.calls, args.tmpdir)
             db.drop_table("bench")  # close() then has no rows to write
         finally:
             db.close()
@@ -313,6 +316,12 @@ def report_reads(a: Run, args: argparse.Namespace) -> None:
     for r in a.floor:
         rows.append([r.name, f"{r.ns_per_key / 1e3:.2f}", f"{r.cpu_ns / n / 1e6:.3f}"])
     print_table(["part", "us per key", "ms a step"], rows, first_left=1)
+    absent = asked - a.found  # asked of RocksDB, not there: the filter's false positives
+    print(
+        f"Keys asked of RocksDB and not found: {absent / n:,.1f} a step, {absent / asked:.1%} "
+        f"of the keys asked: about {ms(absent / asked * a.get.cpu / n)} ms of get CPU a step "
+        "(charged at the mean cost of a key; a miss stops at RocksDB's own Bloom filter)"
+    )
     if not a.floor:
         return
     replayed, bare = a.floor[0], a.floor[1:]
@@ -325,6 +334,12 @@ def report_reads(a: Run, args: argparse.Namespace) -> None:
         f"replayed / the bare multi-get on the same column family, in turn: "
         f"{replayed.ns_per_key / bare[0].ns_per_key:.2f}x"
     )
+    if a.mmap_ns:
+        print(
+            f"The same keys from an immutable memory-mapped file (sorted keys + packed records, "
+            f"searchsorted + one gather; bench/_mmap_floor.py): {a.mmap_ns / 1e3:.2f} us a key, "
+            f"{best.ns_per_key / a.mmap_ns:.1f}x below the RocksDB floor"
+        )
 
 
 def compare_configs(
