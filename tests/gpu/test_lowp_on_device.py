@@ -60,6 +60,11 @@ def assert_same(a: evdb.Table, b: evdb.Table, keys: np.ndarray) -> None:
     for x, y in zip(records_of(a, keys), records_of(b, keys), strict=True):
         np.testing.assert_array_equal(x, y)
     np.testing.assert_array_equal(a.lookup(keys), b.lookup(keys))
+    scans = [  # the top tier's live blocks, then the rows below it
+        sorted((k, v.tobytes()) for vs, ks in t.live_values() for k, v in zip(ks, vs, strict=True))
+        for t in (a, b)
+    ]
+    assert scans[0] == scans[1]
     resident = keys[a.resident(keys)][:6]  # the fused probe + widen + combine on the device
     offsets = np.array([0, 2, 2, resident.shape[0]])
     for combiner in ("sum", "mean"):
@@ -93,10 +98,20 @@ def train(db: evdb.Database, tables: tuple[evdb.Table, ...], steps: int, seed: i
 def test_a_device_half_table_holds_the_bits_of_its_emulated_twin(
     cp, tmp_path: Path, dtype: str, rounding: str
 ) -> None:
-    keys = np.arange(75, dtype=np.int64)
+    keys = np.arange(310, dtype=np.int64)
     with evdb.open(tmp_path / "db") as db:
-        dev, emu = twins(db, dtype, rounding=rounding, initializer=evdb.init.Normal(0, 0.1, 7))
+        dev, emu = twins(
+            db, dtype, rounding=rounding, initializer=evdb.init.Normal(0, 0.1, 7),
+            ttl_steps=5, l2_threshold=0.3,
+        )  # fmt: skip
         train(db, (dev, emu), steps=8, seed=1)
+        assert_same(dev, emu, keys)
+        small = np.array([300, 301])  # rows of small norm in HBM, where the device widens them
+        for t in (dev, emu):
+            t.upsert(small, np.full((2, DIM), 0.01, np.float32))
+        assert dev.resident(small).all()
+        removed = dev.compact()
+        assert removed == emu.compact() and removed["expired"] > 0 and removed["l2"] > 0
         assert_same(dev, emu, keys)
         tiers = dev.stats()["tiers"]
         assert tiers["rocksdb"]["rows"] > 0 and tiers["hbm"]["promotions"] > 0
