@@ -309,6 +309,7 @@ def hbm_tier(
     dtype: str = "float32",
     stochastic: bool = True,
     seed: int = 0,
+    slot_dtype: str = "float32",
 ) -> ColumnCache:
     """The top tier of a table created with ``hbm_rows``: a bounded cache of the hot rows.
 
@@ -324,25 +325,35 @@ def hbm_tier(
     dtype, stochastic, seed
         How values are stored and pushes rounded (as ``dram_tier``): a half-precision tier
         is ``LowpColumnCache`` on emulated HBM, ``DeviceLowpCache`` on a CUDA device.
+    slot_dtype : str
+        How optimizer slots are stored: "float32", or ``dtype`` on emulated HBM only (the
+        CUDA update, ``segment_sum_apply_lowp``, takes float32 slots).
 
     Raises
     ------
     ConfigError
-        Where cupy or the device is missing (see ``require_device``), or the tier at
-        capacity would not fit in the device's free memory.
+        Where cupy or the device is missing (see ``require_device``), the tier at capacity
+        would not fit in the device's free memory, or half-precision slots on a device.
     """
     require_device(config.device)
     tier_policy = dataclasses.replace(policy, capacity_rows=config.capacity_rows, initial_rows=0)
+    # passed on only when asked for (the slots column of LowpColumnCache is float32 else)
+    half_slots: dict[str, Any] = {} if slot_dtype == "float32" else {"slot_dtype": slot_dtype}
     if config.device == _EMULATED:
         if dtype != "float32":
             return LowpColumnCache(
                 dim, n_slots, tier_policy, dtype=dtype, stochastic=stochastic, seed=seed,
-                name="hbm", device=_EMULATED, emulated=True,
+                name="hbm", device=_EMULATED, emulated=True, **half_slots,
             )  # fmt: skip
         return ColumnCache(
             dim, n_slots, tier_policy, name="hbm", device=_EMULATED, xp=np,
             kernels=backend("cpu"), emulated=True,
         )  # fmt: skip
+    if half_slots:
+        raise ConfigError(
+            f"slot_dtype={slot_dtype!r} with an HBM tier on CUDA device {config.device} is not "
+            "supported: use slot_dtype='float32', or device='cpu' (emulated HBM)"
+        )
     device_id = int(config.device)
     cp = _cupy()
     with cp.cuda.Device(device_id):

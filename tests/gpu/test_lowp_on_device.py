@@ -268,3 +268,12 @@ def test_the_torch_binding_trains_a_device_half_table_as_emulated_hbm(cp, tmp_pa
         got, want = dev.lookup(np.arange(30)), emu.lookup(np.arange(30))
         np.testing.assert_array_equal(got, want)
         assert np.count_nonzero(got != as_stored("bfloat16", start)) > 30
+
+
+def test_half_precision_slots_on_a_device_tier_are_refused(cp) -> None:
+    """The CUDA update takes float32 slots: a device tier asked for half slots says so."""
+    config = HbmConfig(capacity_rows=8, device=0)
+    with pytest.raises(ConfigError, match=r"^slot_dtype='bfloat16' with an HBM tier on CUDA"):
+        hbm_tier(DIM, DIM, config, DramConfig(), dtype="bfloat16", slot_dtype="bfloat16")
+    tier = hbm_tier(DIM, DIM, config, DramConfig(), dtype="bfloat16", slot_dtype="float32")
+    assert isinstance(tier, DeviceLowpCache)
