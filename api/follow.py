@@ -26,6 +26,14 @@ view (or the good prefix of the pending deltas), counts the failure by reason, a
 the next poll, logging it as one line (``api.failures``). Versions never go back: the served
 seq only rises (``X-Evdb-Version`` on every lookup and infer answer, and the KServe model
 version), except by an explicit admin reload (logged and counted).
+
+A follower may serve quantised (``evdb serve ROOT --follow --dtype int8``, ``EVDB_FOLLOW_DTYPE``):
+each full it loads is quantised, off the request path as every apply is, into frozen files in
+a folder of its own (``EVDB_FOLLOW_CACHE``, default the system's temporary folder;
+``evdb.io.export_quantized.quantize_full``), and the float32 full is closed at once, so no
+float32 copy of a table is held; each delta's rows are quantised row-wise as they are applied
+(``Overlay.empty(dim, bits=8)``). A row reads as that row of an int8 export of the trainer's
+database at the step served. Each worker quantises for itself.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -56,6 +66,9 @@ import evdb
 from evdb import checkpoint as _checkpoint
 from evdb import publish as _publish
 from evdb.errors import CorruptDataError, InvalidArgumentError
+from evdb.io.export_quantized import quantize_full
+from evdb.quantized import QUANTIZED_DTYPES, QuantizedSnapshot
+from evdb.tiers.frozen import QUANTIZED_BITS
 from evdb.view import Overlay, TableView
 
 from .failures import EXPECTED, FailureLog, cause, diagnose
@@ -70,11 +83,15 @@ __all__ = ["FollowSnapshot", "Follower", "cause", "install"]
 
 
 class _Base:
-    """A full snapshot's database, shared by the views built on it; closed by the last."""
+    """A full snapshot's database (or its quantised copy, in the folder ``files``), shared by
+    the views built on it; closed (and the folder removed) by the last."""
 
-    def __init__(self, db: evdb.Database, seq: int) -> None:
+    def __init__(
+        self, db: evdb.Database | QuantizedSnapshot, seq: int, files: Path | None = None
+    ) -> None:
         self.db = db
         self.seq = seq
+        self.files = files
         self._refs = 1  # the follower's own
         self._lock = threading.Lock()
 
@@ -89,6 +106,8 @@ class _Base:
             close = self._refs == 0
         if close:
             self.db.close()
+            if self.files is not None:
+                shutil.rmtree(self.files, ignore_errors=True)
 
 
 @dataclass
@@ -148,6 +167,10 @@ class Follower:
         Told the seconds of each apply (the ``evdb_delta_apply_seconds`` histogram).
     on_failure : callable, optional
         Told the reason of each refused publication (``evdb_delta_failures_total``).
+    dtype : "float32" | "int8" | "int4"
+        How the rows are served: as published, or quantised (see the module docstring).
+    cache_dir : Path, optional
+        Where a quantising follower makes its folder (default: the system's temporary one).
     """
 
     def __init__(
@@ -157,7 +180,17 @@ class Follower:
         *,
         observe_apply: Callable[[float], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
+        dtype: str = "float32",
+        cache_dir: Path | None = None,
     ) -> None:
+        if dtype not in ("float32", *QUANTIZED_DTYPES):
+            raise InvalidArgumentError(
+                f"dtype must be one of {('float32', *QUANTIZED_DTYPES)}, got {dtype!r}"
+            )
+        self.dtype = dtype
+        self._bits = QUANTIZED_BITS.get(dtype, 0)
+        self._cache_dir = cache_dir
+        self._files: Path | None = None  # this follower's folder of quantised fulls
         self.root = Path(root)
         self.holder = holder
         self.state = FollowState()
@@ -258,18 +291,11 @@ class Follower:
             if manifest is None or why is not None:
                 self._refuse(full_seq, why or "manifest")
                 return False
-            path = _publish.publication_dir(self.root, full_seq)
-            # checked just above: the read-only open skips the checksum pass
-            db = evdb.open(
-                path,
-                read_only=True,
-                verify=False,
-                cache_rows=self.holder.cache_rows,
-                mmap_reads=self.holder.mmap_reads,
-            )
-            new_base = base = _Base(db, full_seq)
+            new_base = base = self._open_full(full_seq)
             opened.append(new_base)
-            overlays = {name: Overlay.empty(db.table(name).dim) for name in db.tables()}
+            db = base.db
+            bits = self._bits
+            overlays = {name: Overlay.empty(db.table(name).dim, bits=bits) for name in db.tables()}
             link = (full_seq, _manifest_digest(self.root, full_seq))
             entry = manifest["publication"]
             step, published, seq = int(entry["step"]), float(entry["published"]), full_seq
@@ -322,6 +348,32 @@ class Follower:
             self._observe_apply(time.perf_counter() - start)
         return True
 
+    def _open_full(self, seq: int) -> _Base:
+        """The full publication seq (checked: the read-only open skips the checksum pass),
+        opened, or quantised into this follower's folder and the float32 full closed."""
+        db = evdb.open(
+            _publish.publication_dir(self.root, seq),
+            read_only=True,
+            verify=False,
+            cache_rows=self.holder.cache_rows,
+            mmap_reads=self.holder.mmap_reads,
+        )
+        if self._bits == 0:
+            return _Base(db, seq)
+        try:
+            if self._files is None:
+                self._files = Path(tempfile.mkdtemp(prefix="evdb-follow-", dir=self._cache_dir))
+            dest = self._files / str(seq)
+            shutil.rmtree(dest, ignore_errors=True)  # what a failed try left
+            try:
+                quantized = quantize_full(db, dest, self.dtype)
+            except BaseException:
+                shutil.rmtree(dest, ignore_errors=True)
+                raise
+        finally:
+            db.close()
+        return _Base(quantized, seq, dest)
+
     def admin_reload(self, path: Path) -> None:
         """An admin reload swapped ``path`` in: served until the next publication applies."""
         self.state.admin_reloads += 1
@@ -350,6 +402,9 @@ class Follower:
             if self._base is not None:
                 self._base.release()
                 self._base = None
+            if self._files is not None:  # views still open keep their files mapped
+                shutil.rmtree(self._files, ignore_errors=True)
+                self._files = None
 
 
 def _manifest_digest(root: Path, seq: int) -> str:
@@ -425,6 +480,8 @@ def install(app: FastAPI, settings: Settings, holder: SnapshotHolder) -> Followe
         holder,
         observe_apply=apply_seconds.observe,
         on_failure=lambda reason: failures.labels(reason).inc(),
+        dtype=settings.follow_dtype,
+        cache_dir=settings.follow_cache,
     )
     metrics.add_collector(_FollowCollector(follower, worker=settings.metrics_dir is not None))
     app.state.follower = follower

@@ -10,6 +10,10 @@ variable                   meaning
 ``EVDB_PATH``              the database or serving export to serve, opened read-only
 ``EVDB_FOLLOW_ROOT``       a publish root to follow instead (``evdb serve ROOT --follow``)
 ``EVDB_POLL_INTERVAL``     seconds between a follower's polls of HEAD (default 1, jittered)
+``EVDB_FOLLOW_DTYPE``      following: ``float32`` (default: as published), or ``int8`` /
+                           ``int4``: each full quantised on load, deltas as applied
+``EVDB_FOLLOW_CACHE``      following quantised: where each worker's quantised fulls are
+                           written (default: the system's temporary folder)
 ``EVDB_MAX_STALENESS``     seconds: following, /readyz is 503 when the publication served is
                            older (default: staleness never makes it unready)
 ``EVDB_TOKEN_FILE``        a file holding the admin bearer token; without it, no admin
@@ -41,6 +45,7 @@ from pathlib import Path
 
 DEFAULT_MAX_KEYS = 100_000
 DEFAULT_MAX_SCAN_ROWS = 2_000_000
+FOLLOW_DTYPES = ("float32", "int8", "int4")  # how a follower serves its rows
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class Settings:
     path: Path | None = None
     follow_root: Path | None = None
     poll_interval_s: float = 1.0
+    follow_dtype: str = "float32"
+    follow_cache: Path | None = None
     max_staleness_s: float | None = None
     token: str | None = None
     allow_roots: tuple[Path, ...] = field(default_factory=tuple)
@@ -71,6 +78,10 @@ class Settings:
             raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
         if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
             raise ValueError(f"grpc_port must be in [0, 65535], got {self.grpc_port}")
+        if self.follow_dtype not in FOLLOW_DTYPES:
+            raise ValueError(
+                f"follow_dtype must be one of {', '.join(FOLLOW_DTYPES)}, got {self.follow_dtype!r}"
+            )
         if self.max_scan_rows < 1:
             raise ValueError(f"max_scan_rows must be at least 1, got {self.max_scan_rows}")
 
@@ -102,6 +113,8 @@ def get_settings() -> Settings:
         path=Path(env["EVDB_PATH"]) if env.get("EVDB_PATH") else None,
         follow_root=Path(env["EVDB_FOLLOW_ROOT"]) if env.get("EVDB_FOLLOW_ROOT") else None,
         poll_interval_s=float(env.get("EVDB_POLL_INTERVAL", "1")),
+        follow_dtype=env.get("EVDB_FOLLOW_DTYPE", "float32"),
+        follow_cache=Path(env["EVDB_FOLLOW_CACHE"]) if env.get("EVDB_FOLLOW_CACHE") else None,
         max_staleness_s=float(env["EVDB_MAX_STALENESS"]) if env.get("EVDB_MAX_STALENESS") else None,
         token=read_token(Path(token_file)) if token_file else None,
         allow_roots=tuple(Path(r).resolve() for r in roots.split(os.pathsep) if r),

@@ -32,12 +32,14 @@ from evdb._types import BoolArray, Float32Array, Int64Array
 from evdb.bags import parse_lookup
 from evdb.config import TableConfig
 from evdb.errors import CorruptDataError, InvalidArgumentError, TableNotFoundError
+from evdb.kernels import backend
 from evdb.keys import normalize_keys
 from evdb.manifest import read_manifest
 from evdb.manifest import verify as verify_manifest
 from evdb.neighbors import neighbors as _neighbors
 from evdb.records import RecordBatch
 from evdb.tiers.frozen import QUANTIZED_BITS, FrozenRows
+from evdb.ttl import min_live_step
 
 if TYPE_CHECKING:
     from evdb.view import ReadableTable
@@ -52,6 +54,7 @@ __all__ = [
 ]
 
 QUANTIZED_DTYPES = tuple(QUANTIZED_BITS)  # ("int8", "int4")
+_kernels = backend("cpu")
 SUFFIX = ".evq"
 
 
@@ -81,6 +84,10 @@ class QuantizedTable:
         no TTL, no admission): what a float32 serving export of the table would have.
     step : int
         The step the snapshot was exported at.
+    last_step : (n,) int64, optional
+        Each row's ``last_step``, in the file's order: with the config's ``ttl_steps``, a row
+        older than the TTL at the step read reads as missing (a follower's quantised full,
+        ``evdb.io.export_quantized.quantize_full``). Without it every row is live.
 
     Examples
     --------
@@ -96,9 +103,22 @@ class QuantizedTable:
     ([[0.0, 1.0, 2.0, 3.0], [-1.0, 0.0, 1.0, 2.0]], [True, False], 'int8')
     """
 
-    def __init__(self, name: str, rows: FrozenRows, config: TableConfig, step: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        rows: FrozenRows,
+        config: TableConfig,
+        step: int,
+        last_step: Int64Array | None = None,
+    ) -> None:
         if rows.dim != config.dim:
             raise CorruptDataError(f"{rows.path}: rows of dim {rows.dim}, config of {config.dim}")
+        if last_step is not None and last_step.shape != (rows.n_rows,):
+            raise CorruptDataError(f"{rows.path}: {rows.n_rows} rows, {last_step.shape} steps")
+        # rows expire only with both a TTL and their steps
+        ttl = config.ttl_steps
+        self._last_step = last_step if ttl is not None and rows.n_rows else None
+        self._live_counts: dict[int, int] = {}  # step -> rows live then
         self._name = name
         self._rows = rows
         self._config = config
@@ -148,6 +168,20 @@ class QuantizedTable:
     def _keys(self, keys: Any) -> Int64Array:
         return normalize_keys(keys, self._config.key_type)
 
+    def _min_live(self, step: int | None) -> int | None:
+        """The oldest ``last_step`` live at step (None: every row is live)."""
+        if self._last_step is None:
+            return None
+        return min_live_step(self._step if step is None else int(step), self._config.ttl_steps)
+
+    def _expire(self, rows: Int64Array, min_live: int | None) -> int:
+        """Set to -1 the rows (a find's: a row or -1) expired at min_live; returns how many."""
+        if min_live is None or self._last_step is None:
+            return 0
+        expired = (rows >= 0) & (self._last_step[rows.clip(min=0)] < min_live)
+        rows[expired] = -1
+        return int(np.count_nonzero(expired))
+
     def defaults(self, keys: Int64Array) -> Float32Array:
         """The value (n, dim) float32 keys without a row read."""
         dv = self._config.default_value
@@ -170,13 +204,21 @@ class QuantizedTable:
         step: int | None = None,
     ) -> Float32Array:
         """``Table.lookup``: the same arguments, checks and answer, each row dequantised as
-        it is read (``promote`` and ``step`` change nothing: every row is mapped, and a
-        serving snapshot has no TTL)."""
+        it is read (``promote`` changes nothing: every row is mapped; ``step`` matters only
+        to rows with a TTL and their steps, see ``last_step``)."""
         k = self._keys(keys)
         n = k.shape[0]
         bags, shape = parse_lookup(n, self.dim, offsets, weights, combiner, max_norm, out, found)
         if out is None:
             out = np.empty(shape, dtype=np.float32)
+        min_live = self._min_live(step)
+        if bags is not None and min_live is not None:  # rows may expire: the unfused way
+            values = self.lookup(k, found=found, step=step)
+            index = np.arange(n, dtype=np.int64)
+            _kernels.gather_combine(
+                values, index, bags.bounds, bags.weights, bags.combiner, bags.max_norm, out
+            )
+            return out
         if bags is not None:
             missing = self._rows.lookup_bags(
                 k, bags.bounds, bags.weights, bags.combiner, bags.max_norm,
@@ -187,6 +229,7 @@ class QuantizedTable:
         else:
             rows = np.empty(n, np.int64)
             missing = self._rows.lookup(k, out, rows)
+            missing += self._expire(rows, min_live)
             if missing:
                 miss = rows < 0
                 out[miss] = self.defaults(k[miss])
@@ -197,12 +240,21 @@ class QuantizedTable:
         return out
 
     def contains(self, keys: Any, *, step: int | None = None) -> BoolArray:
-        """(n,) bool: whether each key has a row."""
-        found: BoolArray = self._rows.find(self._keys(keys)) >= 0
+        """(n,) bool: whether each key has a (live) row."""
+        rows = self._rows.find(self._keys(keys))
+        self._expire(rows, self._min_live(step))
+        found: BoolArray = rows >= 0
         return found
 
     def count(self, *, step: int | None = None) -> int:
-        return self._rows.n_rows
+        """Rows (live at step)."""
+        min_live = self._min_live(step)
+        if min_live is None or self._last_step is None:
+            return self._rows.n_rows
+        n = self._live_counts.get(min_live)
+        if n is None:  # one pass over the steps per step asked (a view asks at its own)
+            n = self._live_counts[min_live] = int(np.count_nonzero(self._last_step >= min_live))
+        return n
 
     def __len__(self) -> int:
         return self._rows.n_rows
@@ -215,11 +267,12 @@ class QuantizedTable:
         strict: bool = True,
         step: int | None = None,
     ) -> Iterator[tuple[Int64Array, RecordBatch]]:
-        """``(keys, RecordBatch)`` chunks of every row (dequantised), in the file's order
-        (by the keys' hash). A serving snapshot keeps values only: slots (m, 0), ``freq``
-        and ``version`` 0, ``last_step`` the snapshot's step."""
+        """``(keys, RecordBatch)`` chunks of every row (dequantised; only those live at
+        ``step`` if ``live_only``), in the file's order (by the keys' hash). A serving
+        snapshot keeps values only: slots (m, 0), ``freq`` and ``version`` 0, ``last_step``
+        the row's (see ``last_step``), else the snapshot's step."""
         _check_chunk_rows(chunk_rows)
-        for keys, values in self._rows.chunks(chunk_rows):
+        for keys, values, last in self._chunks(chunk_rows, step if live_only else None):
             m = keys.shape[0]
             yield (
                 keys,
@@ -227,7 +280,7 @@ class QuantizedTable:
                     values=values,
                     slots=np.zeros((m, 0), np.float32),
                     freq=np.zeros(m, np.uint32),
-                    last_step=np.full(m, self._step, np.int64),
+                    last_step=last,
                     version=np.zeros(m, np.uint64),
                 ),
             )
@@ -235,14 +288,35 @@ class QuantizedTable:
     def items(
         self, chunk_rows: int = 65536, *, step: int | None = None
     ) -> Iterator[tuple[Int64Array, Float32Array]]:
-        """``(keys, values)`` chunks of every row, dequantised."""
+        """``(keys, values)`` chunks of every (live) row, dequantised."""
         _check_chunk_rows(chunk_rows)
-        yield from self._rows.chunks(chunk_rows)
+        for keys, values, _ in self._chunks(chunk_rows, step, live=True):
+            yield keys, values
 
     def live_values(self, *, step: int | None = None) -> Iterator[tuple[Float32Array, Int64Array]]:
-        """``(values, keys)`` chunks of every row, dequantised (what neighbours scan)."""
-        for keys, values in self._rows.chunks(65536):
+        """``(values, keys)`` chunks of every (live) row, dequantised (what neighbours scan)."""
+        for keys, values, _ in self._chunks(65536, step, live=True):
             yield values, keys
+
+    def _chunks(
+        self, chunk_rows: int, step: int | None, *, live: bool = False
+    ) -> Iterator[tuple[Int64Array, Float32Array, Int64Array]]:
+        """(keys, values, last_step) chunks in the file's order; with ``live`` (or a step
+        given), only the rows live at the step."""
+        min_live = self._min_live(step) if live or step is not None else None
+        for a, (keys, values) in zip(
+            range(0, self._rows.n_rows, chunk_rows), self._rows.chunks(chunk_rows), strict=True
+        ):
+            if self._last_step is None:
+                yield keys, values, np.full(keys.shape[0], self._step, np.int64)
+                continue
+            last = np.array(self._last_step[a : a + keys.shape[0]], np.int64)
+            if min_live is None:
+                yield keys, values, last
+                continue
+            keep = last >= min_live
+            if keep.any():
+                yield keys[keep], values[keep], last[keep]
 
     def neighbors(
         self,
@@ -278,7 +352,8 @@ class QuantizedTable:
             "bytes_per_row_by_component": {
                 "values": float(stride) if n else 0.0,
                 "slots": 0.0,
-                "metadata": 8.0 if n else 0.0,  # the key
+                # the key, and a TTL'd row's step (a follower's full)
+                "metadata": (8.0 + 8.0 * (self._last_step is not None)) if n else 0.0,
                 "index": index / per,
             },
             "dtype": rows.dtype,
@@ -353,6 +428,17 @@ class QuantizedSnapshot:
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def of_tables(
+        cls, path: Path, step: int, dtype: str, tables: dict[str, QuantizedTable]
+    ) -> QuantizedSnapshot:
+        """Tables quantised already (a follower's full, ``export_quantized.quantize_full``),
+        as one snapshot; ``path`` is their folder. Closing it closes them."""
+        snap = cls.__new__(cls)
+        snap.path, snap.manifest, snap.dtype, snap.step = Path(path), {}, dtype, step
+        snap._tables = dict(tables)
+        return snap
 
     def tables(self) -> list[str]:
         return list(self._tables)

@@ -38,6 +38,7 @@ from evdb.ttl import min_live_step
 from evdb.view_overlay import Overlay, Rows
 
 if TYPE_CHECKING:
+    from evdb.quantized import QuantizedTable
     from evdb.table import Table
 
 __all__ = ["Overlay", "ReadableTable", "Rows", "TableView"]
@@ -125,8 +126,9 @@ class TableView:
 
     Parameters
     ----------
-    table : Table
-        The rows under the overlay (a full snapshot's table).
+    table : Table or QuantizedTable
+        The rows under the overlay (a full snapshot's table, or its quantised copy: a
+        follower serving quantised, whose overlay quantises as well).
     step : int, optional
         The step TTL verdicts are made at, the overlay's and the table's (default: the
         table's ``step``).
@@ -148,11 +150,15 @@ class TableView:
     ([[1.0, 1.0], [0.0, 0.0], [4.0, 4.0]], 3, 0)
     """
 
-    def __init__(self, table: Table, step: int | None = None, overlay: Overlay | None = None):
-        if overlay is not None and overlay.older.values.shape[1] != table.dim:
+    def __init__(
+        self,
+        table: Table | QuantizedTable,
+        step: int | None = None,
+        overlay: Overlay | None = None,
+    ):
+        if overlay is not None and overlay.dim != table.dim:
             raise InvalidArgumentError(
-                f"overlay: rows of dim {overlay.older.values.shape[1]} over table "
-                f"{table.name!r} of dim {table.dim}"
+                f"overlay: rows of dim {overlay.dim} over table {table.name!r} of dim {table.dim}"
             )
         self.table = table
         self.overlay = overlay if overlay is not None else Overlay.empty(table.dim)
@@ -228,7 +234,7 @@ class TableView:
             if hit.size == 0:
                 continue
             live = rows.live(min_live, at)
-            values[hit[live]] = rows.values[at[live]]
+            values[hit[live]] = self.overlay.decode(rows, at[live])
             have[hit] = live
             dead = hit[~live]
             if dead.size:
@@ -259,11 +265,12 @@ class TableView:
         s, min_live = self._at(step)
         if not self.overlay.n_rows:
             return self.table.count(step=s)
-        version = self.table.meta.version
+        meta = getattr(self.table, "meta", None)  # a quantised table never changes: no meta
+        version = 0 if meta is None else meta.version
         cached = self._count
         if cached is not None and cached[:2] == (s, version):
             return cached[2]
-        rows = self.overlay.rows
+        rows = self.overlay.merged  # keys and steps only: no rows decoded
         shadowed = int(np.count_nonzero(self.table.contains(rows.keys, step=s)))
         n = self.table.count(step=s) - shadowed + int(np.count_nonzero(rows.live(min_live)))
         self._count = (s, version, n)

@@ -11,27 +11,43 @@ one that each apply merges into, folded into the older one once past an eighth o
 copying the overlay's rows). The merges run in the ``merge_newest`` kernel, which releases the
 GIL: the numpy version (a stable sort and gathers) held it, and lookup p99 during applies was
 3.7-4.3x idle in ``bench_freshness``.
+
+A follower that serves quantised (``evdb serve ROOT --follow --dtype int8``) holds the rows
+quantised as well (``Overlay.empty(dim, bits=8)``): each delta row is quantised row-wise by
+the export's kernel as it is applied (its own scale and bias, so it equals that row of an
+int8 export), its codes zero-padded to whole 4-byte words and held as float32 words, which
+the merge copies bit for bit; ``decode`` dequantises the rows a read needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from evdb._types import BoolArray, Float32Array, Int64Array
+from evdb.errors import InvalidArgumentError
 from evdb.kernels import backend
+from evdb.tiers.frozen import row_stride
 
 if TYPE_CHECKING:
     from evdb.publish import Delta
 
-__all__ = ["RECENT_ROWS", "Overlay", "Rows"]
+__all__ = ["RECENT_ROWS", "Overlay", "Rows", "code_words"]
 
 _kernels = backend("cpu")
 
 RECENT_ROWS = 65536  # the recent layer folds into the older past this (or an eighth of it)
+
+
+def code_words(dim: int, bits: int) -> int:
+    """Columns (float32 words) of an overlay row: dim, or a quantised row's bytes in words."""
+    if bits == 0:
+        return dim
+    dtype = {8: "int8", 4: "int4"}[bits]
+    return -(-row_stride(dim, dtype) // 4)
 
 
 @dataclass(frozen=True)
@@ -113,16 +129,21 @@ class Rows:
 @dataclass(frozen=True)
 class Overlay:
     """One table's rows changed since a full snapshot, in two layers (the recent one over
-    the older; see the module docstring). Immutable: :meth:`applied` returns a new one."""
+    the older; see the module docstring). Immutable: :meth:`applied` returns a new one.
+    ``bits`` 0: rows held as float32; 8 or 4: quantised, int8 or int4 codes."""
 
     older: Rows
     recent: Rows
+    dim: int
+    bits: int = 0
     _rows: list[Rows] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @classmethod
-    def empty(cls, dim: int) -> Overlay:
-        e = Rows.empty(dim)
-        return cls(e, e)
+    def empty(cls, dim: int, *, bits: int = 0) -> Overlay:
+        if bits not in (0, 8, 4):
+            raise InvalidArgumentError(f"bits must be 0 (float32), 8 or 4, got {bits!r}")
+        e = Rows.empty(code_words(dim, bits))
+        return cls(e, e, dim, bits)
 
     @property
     def n_rows(self) -> int:
@@ -131,15 +152,47 @@ class Overlay:
 
     @property
     def layers(self) -> tuple[Rows, ...]:
-        """The non-empty layers, older first (a later layer wins)."""
+        """The non-empty layers, older first (a later layer wins), as held (quantised ones'
+        values are codes: read them through :meth:`decode`)."""
         return tuple(r for r in (self.older, self.recent) if r.n_rows)
 
     @property
-    def rows(self) -> Rows:
-        """Both layers merged into one, built on first use and kept (for scans)."""
+    def merged(self) -> Rows:
+        """Both layers merged into one, as held, built on first use and kept."""
         if not self._rows:  # two threads may both build it: the same rows either way
             self._rows.append(self.older.under(self.recent))
         return self._rows[0]
+
+    @property
+    def rows(self) -> Rows:
+        """Both layers merged into one with float32 values (for scans): :attr:`merged`;
+        quantised, its rows dequantised, built on each use (not kept: no float32 copy of a
+        quantised overlay outlives the scan that asked)."""
+        merged = self.merged
+        if self.bits == 0:
+            return merged
+        values = self.decode(merged, np.arange(merged.n_rows, dtype=np.int64))
+        return Rows(merged.keys, values, merged.last_step, merged.removed)
+
+    def decode(self, rows: Rows, at: Int64Array) -> Float32Array:
+        """(len(at), dim) float32: the values of the entries ``at`` of ``rows`` (one of this
+        overlay's), dequantised where they are codes (tombstones read zeros)."""
+        if self.bits == 0:
+            out: Float32Array = rows.values[at]
+            return out
+        out = np.empty((at.shape[0], self.dim), np.float32)
+        codes = rows.values.view(np.uint8)
+        _kernels.dequantize_rows(codes, self.bits, np.ascontiguousarray(at, np.int64), out)
+        return out
+
+    def _encoded(self, delta: Delta) -> Rows:
+        """A delta's rows as this overlay holds them (quantised row-wise if it quantises)."""
+        if self.bits == 0:
+            return Rows.of_delta(delta)
+        m = delta.keys.shape[0]
+        codes = np.zeros((m, 4 * code_words(self.dim, self.bits)), np.uint8)
+        _kernels.quantize_rows(np.ascontiguousarray(delta.values, np.float32), self.bits, codes)
+        return Rows.of_delta(replace(delta, values=codes.view(np.float32)))
 
     def applied(self, deltas: Sequence[Delta]) -> Overlay:
         """This overlay with deltas applied in order (a later entry of a key wins): merged
@@ -149,10 +202,11 @@ class Overlay:
             return self
         newer: Rows | None = None
         for d in deltas:
-            one = Rows.of_delta(d)
+            one = self._encoded(d)
             newer = one if newer is None else newer.under(one)
         assert newer is not None
         recent = self.recent.under(newer)
         if recent.n_rows > max(self.older.n_rows // 8, RECENT_ROWS):
-            return Overlay(self.older.under(recent), Rows.empty(recent.values.shape[1]))
-        return Overlay(self.older, recent)
+            empty = Rows.empty(recent.values.shape[1])
+            return Overlay(self.older.under(recent), empty, self.dim, self.bits)
+        return Overlay(self.older, recent, self.dim, self.bits)

@@ -74,6 +74,20 @@ __all__ = ["cmd_serve"]
     "many seconds (default: never for staleness).",
 )
 @click.option(
+    "--dtype",
+    type=click.Choice(["float32", "int8", "int4"]),
+    default="float32",
+    show_default=True,
+    help="With --follow: serve the rows quantised, each full publication quantised row-wise "
+    "as it loads (no float32 copy held) and each delta's rows as applied.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="With --follow --dtype int8|int4: where each worker writes its quantised fulls "
+    "(default: the system's temporary folder).",
+)
+@click.option(
     "--no-dashboard",
     is_flag=True,
     help="Serve no /dashboard page and no /v1/dashboard JSON (on by default).",
@@ -107,6 +121,8 @@ def cmd_serve(
     follow: bool,
     poll_interval: float,
     max_staleness: float | None,
+    dtype: str,
+    cache_dir: Path | None,
     grpc_port: int | None,
     log_level: str,
 ) -> None:
@@ -117,7 +133,8 @@ def cmd_serve(
 
     Needs the serve extra (pip install 'evdb[serve]'). Every worker opens PATH read-only;
     each keeps the rows it reads in its DRAM cache. With --follow, every worker follows the
-    publish root PATH on its own (X-Evdb-Version on each answer is the publication's seq).
+    publish root PATH on its own (X-Evdb-Version on each answer is the publication's seq);
+    with --dtype int8 or int4 it serves them quantised.
     """
     import os
     import shutil
@@ -133,6 +150,13 @@ def cmd_serve(
         ) from None
     if not follow and (poll_interval != 1.0 or max_staleness is not None):
         raise click.UsageError("--poll-interval and --max-staleness need --follow")
+    if not follow and dtype != "float32":
+        raise click.UsageError(
+            "--dtype needs --follow: a snapshot is served in the dtype it was exported in "
+            "(evdb export --format serving --dtype int8)"
+        )
+    if cache_dir is not None and dtype == "float32":
+        raise click.UsageError("--cache-dir needs --follow --dtype int8 or int4")
     if follow:  # a root may have no HEAD yet: the workers wait for the first publication
         if not path.is_dir():
             raise FileNotFoundError(f"path: {path} is not a directory: not a publish root")
@@ -169,6 +193,9 @@ def cmd_serve(
         env["EVDB_POLL_INTERVAL"] = repr(poll_interval)
         if max_staleness is not None:
             env["EVDB_MAX_STALENESS"] = repr(max_staleness)
+        env["EVDB_FOLLOW_DTYPE"] = dtype
+        if cache_dir is not None:
+            env["EVDB_FOLLOW_CACHE"] = str(cache_dir.resolve())
     if grpc_port is not None:
         try:
             import tritonclient.grpc  # noqa: F401  (the stubs the gRPC service serves)

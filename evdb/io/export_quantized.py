@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,16 +22,18 @@ from evdb.config import TableConfig
 from evdb.errors import InvalidArgumentError
 from evdb.kernels import backend
 from evdb.optim import SGD
-from evdb.quantized import QUANTIZED_DTYPES, SUFFIX
-from evdb.tiers.frozen import QUANTIZED_BITS, row_stride, write_frozen
+from evdb.quantized import QUANTIZED_DTYPES, SUFFIX, QuantizedSnapshot, QuantizedTable
+from evdb.tiers.frozen import QUANTIZED_BITS, FrozenRows, file_order, row_stride, write_frozen
 
 if TYPE_CHECKING:
     from evdb._types import Float32Array, Int64Array
+    from evdb.database import Database
     from evdb.table import Table
 
-__all__ = ["QUANTIZED_DTYPES", "SUFFIX", "check_quantizable", "write_quantized"]
+__all__ = ["QUANTIZED_DTYPES", "SUFFIX", "check_quantizable", "quantize_full", "write_quantized"]
 
 _kernels = backend("cpu")
+_CHUNK_ROWS = 65536  # rows quantised at a time
 
 
 def check_quantizable(tables: Sequence[Table], dtype: str) -> None:
@@ -107,3 +110,54 @@ def _name_key(error: InvalidArgumentError, keys: Int64Array) -> str:
         key = int(keys[int(words[2])])
         return f"key {key}" + text[len(f"values: row {words[2]}") :]
     return text
+
+
+def quantize_full(db: Database, dest: Path, dtype: str) -> QuantizedSnapshot:
+    """A full publication's tables (``db``, opened read-only) quantised to ``dtype`` into
+    frozen files in ``dest`` (a new folder), served as one snapshot: what a follower serving
+    quantised holds in place of the float32 full (``evdb serve ROOT --follow --dtype int8``).
+
+    Each table's rows live at the full's step are quantised as an export quantises them (the
+    same kernel, row-wise), so a row reads as that row of ``evdb.export(..., dtype=dtype)``
+    of the trainer's database; a table with ``ttl_steps`` also keeps each row's
+    ``last_step`` (8 bytes a row, ``dest/<i>.steps``), so its rows expire at the step a view
+    reads at, as the trainer's do. No float32 copy of a table is held: one chunk at a time.
+    """
+    if dtype not in QUANTIZED_DTYPES:
+        raise InvalidArgumentError(f"dtype must be one of {QUANTIZED_DTYPES}, got {dtype!r}")
+    dest.mkdir(parents=True)
+    tables: dict[str, QuantizedTable] = {}
+    try:
+        for i, name in enumerate(sorted(db.tables())):
+            t = db.table(name)
+            config = replace(serving_config(t), ttl_steps=t.config.ttl_steps)
+            n = t.count()
+            keys = np.empty(n, np.int64)
+            steps = np.empty(n, np.int64)
+            done = 0
+
+            def chunks(
+                t: Table = t, keys: Int64Array = keys, steps: Int64Array = steps
+            ) -> Iterator[tuple[Int64Array, Float32Array, Any]]:
+                nonlocal done
+                for chunk_keys, records in t.records(_CHUNK_ROWS, live_only=True):
+                    m = chunk_keys.shape[0]
+                    keys[done : done + m] = chunk_keys
+                    steps[done : done + m] = records.last_step
+                    done += m
+                    yield chunk_keys, records.values, None
+
+            path = dest / f"{i}{SUFFIX}"
+            entry = {"rows": n}
+            write_quantized(path, t, entry, db.step, chunks(), dtype)
+            last_step = None
+            if config.ttl_steps is not None and n:  # in the file's order (by the keys' hash)
+                steps[file_order(keys)].tofile(dest / f"{i}.steps")
+                last_step = np.fromfile(dest / f"{i}.steps", np.int64)
+            rows = FrozenRows(path, verify=False)  # just written
+            tables[name] = QuantizedTable(name, rows, config, db.step, last_step)
+    except BaseException:
+        for q in tables.values():
+            q.close()
+        raise
+    return QuantizedSnapshot.of_tables(dest, db.step, dtype, tables)

@@ -39,7 +39,14 @@ from evdb.kernels.cpu import lowp as cpu_lowp
 from evdb.kernels.reference import frozen as reference_frozen
 from evdb.kernels.reference import lowp as reference_lowp
 
-__all__ = ["QUANTIZED_BITS", "FrozenRows", "frozen_file_bytes", "row_stride", "write_frozen"]
+__all__ = [
+    "QUANTIZED_BITS",
+    "FrozenRows",
+    "file_order",
+    "frozen_file_bytes",
+    "row_stride",
+    "write_frozen",
+]
 
 MAGIC = b"EVDBFRZ1"
 ALIGN = 64
@@ -70,6 +77,13 @@ def frozen_file_bytes(n: int, dim: int, dtype: str) -> int:
     """About how many bytes a frozen file of n rows takes (without its header)."""
     stride = row_stride(dim, dtype)
     return 8 * n + 8 * (reference_frozen.bucket_count(n) + 1) + n * stride
+
+
+def file_order(keys: np.ndarray) -> np.ndarray:
+    """(n,) int64: the order ``write_frozen`` stores distinct keys (n,) int64 in (``keys[order]``
+    is the file's), for what a caller keeps beside the file in the same order."""
+    order, _ = reference_frozen.frozen_order(keys, reference_frozen.bucket_count(keys.shape[0]))
+    return np.asarray(order, np.int64)
 
 
 def _header_blob(header: dict[str, Any]) -> bytes:
