@@ -154,6 +154,23 @@ def test_training_matches_a_table_with_every_row_in_dram(
     assert_same_tables(tiered, flat)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_training_matches_a_table_with_every_row_in_dram(
+    db: evdb.Database, hbm_device: str | int, dtype: str
+) -> None:
+    """A bf16/fp16 table's rows keep their bits through HBM (emulated, or on device 0 with
+    the CUDA update), DRAM and RocksDB: the same as one whose rows all stay in DRAM."""
+    opts = {"ttl_steps": 6, "dtype": dtype, "initializer": evdb.init.Normal(0, 0.1, seed=5)}
+    tiered = make(db, "tiered", **opts)
+    flat = db.create_table(
+        "flat", dim=DIM, optimizer=evdb.optim.Adagrad(lr=0.1), disk=False, **opts
+    )
+    train(db, [tiered, flat], steps=20)
+    assert_same_tables(tiered, flat)
+    tiers = tiered.stats()["tiers"]
+    assert tiers["rocksdb"]["rows"] > 0 and tiers["hbm"]["dtype"] == dtype
+
+
 def test_a_batch_bigger_than_hbm_over_commits_it_until_the_push(
     db: evdb.Database, hbm_device: str | int
 ) -> None:
