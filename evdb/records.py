@@ -10,7 +10,9 @@ last pull/push/upsert, ``version`` the table-wide mutation counter when the row 
 The key is not part of the record: it is the record's address (the index key, the RocksDB key).
 The values may be stored narrower (``record_dtype``'s ``value``): ``<f2`` float16, or ``<u2``
 bfloat16 bit patterns (the top half of the float32, rounded to nearest even), what a
-half-precision table's rows are on disk: they widen back to the same float32 exactly.
+half-precision table's rows are on disk: they widen back to the same float32 exactly. The
+slots may be stored narrower the same way (``record_dtype``'s ``slot``: a table's
+``slot_dtype``).
 
 Tiers keep the fields as separate column arrays (:class:`RecordBatch`) so kernels see plain
 float32 matrices; ``pack``/``unpack`` convert a whole batch with numpy views, never per row.
@@ -34,13 +36,14 @@ _NO_FLAGS = np.zeros(0, dtype=np.uint8)  # the default: all flags clear
 BFLOAT16 = "<u2"  # record_dtype's value type of bfloat16 bit patterns
 
 
-def record_dtype(dim: int, n_slots: int, value: str = "<f4") -> np.dtype:
+def record_dtype(dim: int, n_slots: int, value: str = "<f4", slot: str = "<f4") -> np.dtype:
     """The packed little-endian structured dtype of one record (``value="<f2"``: the same
-    layout with float16 values, ``"<u2"``: bfloat16 bits, which the disk tier may store)."""
+    layout with float16 values, ``"<u2"``: bfloat16 bits, which the disk tier may store;
+    ``slot`` likewise for the optimizer's slots)."""
     return np.dtype(
         [
             ("value", value, (dim,)),
-            ("slots", "<f4", (n_slots,)),
+            ("slots", slot, (n_slots,)),
             ("freq", "<u4"),
             ("last_step", "<i8"),
             ("version", "<u8"),
@@ -82,17 +85,13 @@ class RecordBatch:
             flags=self.flags[which],
         )
 
-    def pack(self, value: str = "<f4") -> np.ndarray:
+    def pack(self, value: str = "<f4", slot: str = "<f4") -> np.ndarray:
         """Return the records as a (n,) structured array of ``record_dtype`` (canonical bytes;
-        ``value`` as in ``record_dtype``, values cast to it)."""
+        ``value`` and ``slot`` as in ``record_dtype``, values and slots cast to them)."""
         dim, n_slots = self.values.shape[1], self.slots.shape[1]
-        out = np.empty(len(self), dtype=record_dtype(dim, n_slots, value))
-        if value == BFLOAT16:
-            out["value"] = bfloat16_nearest(self.values)
-        else:
-            with np.errstate(over="ignore"):  # float16 overflow: the disk tier counts it
-                out["value"] = self.values
-        out["slots"] = self.slots
+        out = np.empty(len(self), dtype=record_dtype(dim, n_slots, value, slot))
+        _store(out, "value", self.values, value)
+        _store(out, "slots", self.slots, slot)
         out["freq"] = self.freq
         out["last_step"] = self.last_step
         out["version"] = self.version
@@ -101,12 +100,18 @@ class RecordBatch:
 
     @classmethod
     def unpack(
-        cls, data: np.ndarray | bytes, dim: int, n_slots: int, value: str = "<f4", where: str = ""
+        cls,
+        data: np.ndarray | bytes,
+        dim: int,
+        n_slots: int,
+        value: str = "<f4",
+        where: str = "",
+        slot: str = "<f4",
     ) -> RecordBatch:
         """Read records from canonical bytes (or a structured array of ``record_dtype``);
-        values come back float32 whatever ``value`` they were stored as. ``where`` names the
-        source in errors."""
-        dtype = record_dtype(dim, n_slots, value)
+        values and slots come back float32 whatever ``value`` and ``slot`` they were stored
+        as. ``where`` names the source in errors."""
+        dtype = record_dtype(dim, n_slots, value, slot)
         if isinstance(data, (bytes, bytearray, memoryview)):
             if len(data) % dtype.itemsize:
                 raise CorruptDataError(
@@ -117,19 +122,29 @@ class RecordBatch:
         elif data.dtype != dtype:
             raise CorruptDataError(f"records have dtype {data.dtype}, expected {dtype}")
         n = data.shape[0]
-        stored = data["value"]
-        if value == BFLOAT16:
-            values = (stored.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        else:
-            values = np.ascontiguousarray(stored, dtype=np.float32)
         return cls(
-            values=values.reshape(n, dim),
-            slots=np.ascontiguousarray(data["slots"], dtype=np.float32).reshape(n, n_slots),
+            values=_widened(data["value"], value).reshape(n, dim),
+            slots=_widened(data["slots"], slot).reshape(n, n_slots),
             freq=data["freq"].astype(np.uint32),
             last_step=data["last_step"].astype(np.int64),
             version=data["version"].astype(np.uint64),
             flags=data["flags"].astype(np.uint8),
         )
+
+
+def _store(out: np.ndarray, name: str, x: np.ndarray, as_type: str) -> None:
+    if as_type == BFLOAT16:
+        out[name] = bfloat16_nearest(x)
+    else:
+        with np.errstate(over="ignore"):  # float16 overflow: the disk tier counts it
+            out[name] = x
+
+
+def _widened(stored: np.ndarray, as_type: str) -> np.ndarray:
+    """float32 of a stored field (exact: bfloat16 bits shifted, float16 cast)."""
+    if as_type == BFLOAT16:
+        return (stored.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return np.ascontiguousarray(stored, dtype=np.float32)
 
 
 def bfloat16_nearest(values: np.ndarray) -> np.ndarray:

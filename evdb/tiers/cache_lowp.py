@@ -1,8 +1,9 @@
 """The cache tier over half-precision rows: ``ColumnCache`` whose values column holds bfloat16
 (uint16 bit patterns) or float16, for a table created with ``dtype="bfloat16"`` / ``"float16"``.
 
-Only the values column changes (optimizer slots and metadata stay as they are), and only the
-methods that touch it are overridden, so the float32 tier runs exactly the code it ran before.
+Only the values column changes (and the slots column, with ``slot_dtype``: then stored in the
+values' format; metadata stays as it is), and only the methods that touch them are
+overridden, so the float32 tier runs exactly the code it ran before.
 Everything that leaves the tier is float32 (lookups, pulls, ``read``'s records, scans): widening
 is exact. What enters it is rounded: a push's update in its fused kernel
 (``segment_sum_apply_lowp``, stochastic by default: bits of (seed, key, step, column)), records
@@ -57,6 +58,8 @@ class LowpColumnCache(ColumnCache):
         Whether a push rounds its result stochastically (else to nearest even).
     seed : int
         The stochastic rounding's seed (the table's initializer seed).
+    slot_dtype : str
+        "float32" (default), or ``dtype``: the optimizer's slots stored in half precision too.
     Others as ``ColumnCache``.
     """
 
@@ -73,9 +76,12 @@ class LowpColumnCache(ColumnCache):
         device: str,
         grow: Grow | None = None,
         emulated: bool | None = None,
+        slot_dtype: str = "float32",
     ) -> None:
         if dtype == "float32":
             raise ValueError("LowpColumnCache stores bfloat16 or float16 rows, not float32")
+        if slot_dtype not in ("float32", dtype):
+            raise ValueError(f"slot_dtype: expected 'float32' or {dtype!r}, got {slot_dtype!r}")
         super().__init__(
             dim, n_slots, config, name=name, device=device, xp=np, kernels=_cpu, grow=grow,
             emulated=emulated, value_dtype=storage_dtype(dtype),
@@ -83,6 +89,10 @@ class LowpColumnCache(ColumnCache):
         self.dtype = dtype
         self.stochastic = stochastic
         self.seed = int(seed)
+        self.slot_dtype = slot_dtype
+        if slot_dtype != "float32":  # grown by its dtype from here on (the columns' _fit)
+            half = np.empty((0, n_slots), dtype=storage_dtype(slot_dtype))
+            self.slots = self._grown("slots", half, self.slots.shape[0])
 
     # -- values in and out ----------------------------------------------------------------
     def _widened(self, rows: Int64Array) -> Float32Array:
@@ -90,13 +100,17 @@ class LowpColumnCache(ColumnCache):
         self.kernels.widen_rows(self.values, rows, out)
         return out
 
-    def _store_nearest(self, rows: Int64Array, values: Float32Array) -> None:
+    def _store_nearest(self, rows: Int64Array, values: Float32Array, column: Any = None) -> None:
         v = np.ascontiguousarray(values, dtype=np.float32)
-        self.kernels.round_rows(v, rows, rows, 0, 0, False, self.values)
+        out = self.values if column is None else column
+        self.kernels.round_rows(v, rows, rows, 0, 0, False, out)
 
     def write(self, rows: Int64Array, records: Any) -> None:
         self._store_nearest(rows, records.values)
-        self.slots[rows] = records.slots
+        if self.slot_dtype == "float32":
+            self.slots[rows] = records.slots
+        else:
+            self._store_nearest(rows, records.slots, self.slots)
         self.freq[rows] = records.freq
         self.last_step[rows] = records.last_step
         self.version[rows] = records.version
@@ -105,6 +119,9 @@ class LowpColumnCache(ColumnCache):
     def read(self, rows: Int64Array) -> Any:
         records = super().read(rows)
         records.values = self._widened(rows)
+        if self.slot_dtype != "float32":
+            records.slots = np.empty((rows.shape[0], self.n_slots), dtype=np.float32)
+            self.kernels.widen_rows(self.slots, rows, records.slots)
         return records
 
     def assign(
@@ -198,7 +215,11 @@ class LowpColumnCache(ColumnCache):
         return live[drop], int(np.count_nonzero(expired))
 
     def stats(self) -> dict[str, Any]:
-        return super().stats() | {"dtype": self.dtype, "rounding": self._rounding_name}
+        return super().stats() | {
+            "dtype": self.dtype,
+            "slot_dtype": self.slot_dtype,
+            "rounding": self._rounding_name,
+        }
 
     @property
     def _rounding_name(self) -> str:

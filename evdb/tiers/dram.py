@@ -65,7 +65,7 @@ class _Reservations:
         """Column ``name`` with room for cap rows: a longer prefix of its reservation, or a
         copy into a new array (zeroed where it is a bool column)."""
         reserved = self.reserved.get(name)
-        if reserved is None or reserved.shape[0] < cap:
+        if reserved is None or reserved.shape[0] < cap or reserved.dtype != col.dtype:
             if cap >= RESERVE_FROM_ROWS:
                 row_bytes = max(1, col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64)))
                 reserved = _reserve(col, max(2 * cap, _RESERVE_BYTES // row_bytes))
@@ -87,16 +87,18 @@ def dram_tier(
     dtype: str = "float32",
     stochastic: bool = True,
     seed: int = 0,
+    slot_dtype: str = "float32",
 ) -> ColumnCache:
     """The DRAM tier of a table: rows in process memory, the top of the chain (or the tier
     under an HBM tier), numpy columns grown by reservation, the cpu kernels. Values stored in
     ``dtype`` (bfloat16 / float16: ``LowpColumnCache``, rounding stochastically on push with
-    ``seed`` unless ``stochastic`` is False)."""
+    ``seed`` unless ``stochastic`` is False), optimizer slots in ``slot_dtype`` ("float32",
+    or ``dtype``)."""
     grow = _Reservations().grow
     if dtype != "float32":
         return LowpColumnCache(
             dim, n_slots, config, dtype=dtype, stochastic=stochastic, seed=seed, name="dram",
-            device="cpu", grow=grow,
+            device="cpu", grow=grow, slot_dtype=slot_dtype,
         )  # fmt: skip
     return ColumnCache(
         dim,

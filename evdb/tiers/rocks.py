@@ -51,9 +51,12 @@ def decode_keys(blob: bytes) -> Int64Array:
     return (np.frombuffer(blob, dtype=">u8").astype(np.uint64) ^ _SIGN).view(np.int64)
 
 
-def disk_dtype(dim: int, n_slots: int, dtype: DiskDtype) -> np.dtype:
-    """The record as stored: the canonical layout, with float16 or bfloat16 values if asked."""
-    return record_dtype(dim, n_slots, _VALUE[dtype])
+def disk_dtype(
+    dim: int, n_slots: int, dtype: DiskDtype, slot_dtype: DiskDtype = "float32"
+) -> np.dtype:
+    """The record as stored: the canonical layout, with float16 or bfloat16 values (and
+    slots: a table's ``slot_dtype``) if asked."""
+    return record_dtype(dim, n_slots, _VALUE[dtype], _VALUE[slot_dtype])
 
 
 class RocksStrings:
@@ -162,6 +165,7 @@ class RocksTier(Tier):
         *,
         compression: Compression = "none",
         dtype: DiskDtype = "float32",
+        slot_dtype: DiskDtype = "float32",
     ) -> None:
         self.store = store
         self.column_family = column_family
@@ -170,7 +174,8 @@ class RocksTier(Tier):
         self.dim = dim
         self.n_slots = n_slots
         self.dtype = dtype
-        self._record = disk_dtype(dim, n_slots, dtype)
+        self.slot_dtype = slot_dtype  # a half-precision table's own slots: stored as they are
+        self._record = disk_dtype(dim, n_slots, dtype, slot_dtype)
         self._rows = 0
         self.filter = KeyFilter()  # keys ever written: a miss it rules out costs no read
         self._ahead: _ReadAhead | None = None
@@ -212,12 +217,14 @@ class RocksTier(Tier):
             # A value beyond float16's range would be stored as inf: count it, never hide it.
             big = np.abs(records.values) > _F16_MAX
             self.counters["f16_overflow"] += int(np.count_nonzero(big.any(axis=1)))
-        out = records.pack(_VALUE[self.dtype])
+        out = records.pack(_VALUE[self.dtype], _VALUE[self.slot_dtype])
         return out.view(f"V{self._record.itemsize}").tolist()  # type: ignore[no-any-return]
 
     def _unpack(self, blob: bytes | np.ndarray) -> RecordBatch:
         where = f"{self.store.path}, column family {self.column_family!r}: "
-        return RecordBatch.unpack(blob, self.dim, self.n_slots, _VALUE[self.dtype], where)
+        return RecordBatch.unpack(
+            blob, self.dim, self.n_slots, _VALUE[self.dtype], where, _VALUE[self.slot_dtype]
+        )
 
     # -- Tier contract --------------------------------------------------------------------
     def get(self, keys: Int64Array) -> tuple[BoolArray, RecordBatch]:
@@ -310,7 +317,8 @@ class RocksTier(Tier):
             where = f"{self.store.path}, column family {self.column_family!r}"
             raise CorruptDataError(
                 f"{where}: {expect} records read are {len(blob)} bytes, expected "
-                f"{expect} x {size} (dim={self.dim}, slots={self.n_slots}, {self.dtype})"
+                f"{expect} x {size} (dim={self.dim}, slots={self.n_slots}, {self.dtype}, "
+                f"slots {self.slot_dtype})"
             )
         return np.frombuffer(blob, dtype=np.uint8).reshape(expect, size), hit
 
@@ -426,6 +434,7 @@ class RocksTier(Tier):
             "bytes": int(sst + mem),
             "filter_bytes": self.filter.nbytes,
             "dtype": self.dtype,
+            "slot_dtype": self.slot_dtype,
             # a record as written, by part (RocksDB's own overhead and compression aside): the
             # key and the key filter are the index
             "bytes_per_row_by_component": {
