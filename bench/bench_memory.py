@@ -10,7 +10,8 @@ the thing itself is counted. Two kinds of figure:
   ``torch.optim.Adagrad`` after one step (weight + the ``sum`` state); ``evdb``: a table in
   DRAM only (``disk=False``), every row upserted, one push over a batch; with Adagrad (a
   float32 accumulator a column) and with row-wise Adagrad (one a row); float32 rows, and
-  ``dtype="bfloat16"`` rows (the DRAM tier's values column in bfloat16, slots float32).
+  ``dtype="bfloat16"`` rows (the DRAM tier's values column in bfloat16, slots float32, or
+  also bfloat16 with ``slot_dtype="bfloat16"``: Adagrad's dim accumulators at 2 bytes).
 * **measured arrays**: the layouts of ``evdb/kernels/*/lowp.py``, filled through those
   kernels, before any tier stores them: bfloat16 values (``round_rows``) + one float32
   row-wise Adagrad accumulator. It is the floor a bfloat16 table's rows can reach; the
@@ -74,12 +75,17 @@ def torch_adagrad(rows: int, dim: int) -> dict[str, Any]:
     return {"bytes": _settle() - before}
 
 
-def evdb_table(rows: int, dim: int, optimizer: str, dtype: str = "float32") -> dict[str, Any]:
+def evdb_table(
+    rows: int, dim: int, optimizer: str, dtype: str = "float32", slot_dtype: str = "float32"
+) -> dict[str, Any]:
     import evdb
 
     def make(db: evdb.Database, name: str) -> evdb.Table:
         opt = {"adagrad": evdb.optim.Adagrad, "rowwise": evdb.optim.RowWiseAdagrad}[optimizer]
-        return db.create_table(name, dim=dim, optimizer=opt(lr=0.01), disk=False, dtype=dtype)
+        return db.create_table(
+            name, dim=dim, optimizer=opt(lr=0.01), disk=False, dtype=dtype,
+            slot_dtype=slot_dtype,
+        )  # fmt: skip
 
     rng = np.random.default_rng(SEED)
     with tempfile.TemporaryDirectory() as tmp, evdb.open(f"{tmp}/db") as db:
@@ -195,6 +201,7 @@ MEASURES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "evdb_adagrad": lambda r, d: evdb_table(r, d, "adagrad"),
     "evdb_rowwise": lambda r, d: evdb_table(r, d, "rowwise"),
     "evdb_bf16_adagrad": lambda r, d: evdb_table(r, d, "adagrad", "bfloat16"),
+    "evdb_bf16_adagrad_bf16_slots": lambda r, d: evdb_table(r, d, "adagrad", *["bfloat16"] * 2),
     "evdb_bf16_rowwise": lambda r, d: evdb_table(r, d, "rowwise", "bfloat16"),
     "bf16_rowwise_arrays": bf16_rowwise_arrays,
     "build_exports": build_exports,
@@ -237,6 +244,11 @@ def main() -> None:
         ("evdb fp32 + Adagrad", "measured table", per_row["evdb_adagrad"]),
         ("evdb fp32 + row-wise Adagrad", "measured table", per_row["evdb_rowwise"]),
         ("evdb bf16 + Adagrad", "measured table", per_row["evdb_bf16_adagrad"]),
+        (
+            "evdb bf16 + Adagrad, bf16 slots",
+            "measured table",
+            per_row["evdb_bf16_adagrad_bf16_slots"],
+        ),
         ("evdb bf16 + row-wise Adagrad", "measured table", per_row["evdb_bf16_rowwise"]),
         ("bf16 values + row-wise acc", "measured arrays", per_row["bf16_rowwise_arrays"]),
     ]
@@ -259,12 +271,16 @@ def main() -> None:
             + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
             + f"; export took {got['build_exports']['export_s'][t]:.1f} s"
         )
-    parts = got["evdb_bf16_rowwise"]["components"]
-    print(
-        "evdb bf16 + row-wise Adagrad, its DRAM tier's stats (B/row): "
-        + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
-        + f"; total {sum(parts.values()):.1f}"
-    )
+    for name, label in (
+        ("evdb_bf16_rowwise", "evdb bf16 + row-wise Adagrad"),
+        ("evdb_bf16_adagrad_bf16_slots", "evdb bf16 + Adagrad, bf16 slots"),
+    ):
+        parts = got[name]["components"]
+        print(
+            f"{label}, its DRAM tier's stats (B/row): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+            + f"; total {sum(parts.values()):.1f}"
+        )
 
 
 if __name__ == "__main__":

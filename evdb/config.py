@@ -178,17 +178,24 @@ class TableConfig:
     """The HBM tier on top of DRAM; None = none (DRAM is the top tier)."""
     dtype: RowDtype = "float32"
     """How the cache tiers store row values: "float32", "bfloat16" or "float16" (half the
-    bytes; optimizer slots stay float32). Lookups and pulls still answer float32, and each
+    bytes; optimizer slots as ``slot_dtype``). Lookups and pulls still answer float32, and each
     push computes in float64 and rounds the result on write (``rounding``). Fixed for the
-    table's life: changing it is an export/import round trip. Its disk tier stores the same
-    dtype (a default ``DiskConfig`` is given it). For now a half-precision table has no HBM
-    tier on a CUDA device (emulated HBM, ``device="cpu"``, is fine)."""
+    table's life: changing it is ``evdb convert`` or an export/import round trip. Its disk
+    tier stores the same dtype (a default ``DiskConfig`` is given it), and so does an HBM
+    tier (on a CUDA device or emulated)."""
     rounding: Rounding = "stochastic"
     """How a half-precision row is rounded when a push writes it: "stochastic" (unbiased:
     an update smaller than half a unit in the last place still moves the row on average;
     the random bits are a function of (initializer seed, key, step, column), so runs
     repeat) or "nearest" (to nearest even: such updates are lost). Upserts, imports and
     new rows always round to nearest."""
+    slot_dtype: RowDtype = "float32"
+    """How every tier stores the optimizer's slots: "float32", or the table's own half
+    ``dtype`` (half the slots' bytes: Adagrad's dim accumulators, Adam's 2 dim moments). Each
+    push widens them, updates in float64 and rounds them as it rounds the row (``rounding``;
+    their random bits are columns dim.. of the row's). Half slots on float32 values, or in
+    the other half format, are not supported. Fixed for the table's life (``evdb convert``
+    changes it offline)."""
 
     def __post_init__(self) -> None:
         if (
@@ -244,6 +251,7 @@ class TableConfig:
             raise ConfigError(f"dtype: expected one of {ROW_DTYPES}, got {self.dtype!r}")
         if self.rounding not in ROUNDINGS:
             raise ConfigError(f"rounding: expected one of {ROUNDINGS}, got {self.rounding!r}")
+        self._check_slot_dtype()
         if self.dtype == "float32":
             return
         if not self.optimizer.half_precision:
@@ -260,11 +268,23 @@ class TableConfig:
                 )
             # The default disk tier stores the table's dtype: 2-byte values, never widened
             object.__setattr__(self, "disk", dataclasses.replace(self.disk, dtype=self.dtype))
-        if self.hbm is not None and self.hbm.device != "cpu":
-            raise ConfigError(
-                f"dtype={self.dtype!r} with an HBM tier on CUDA device {self.hbm.device} is "
-                "not supported yet: use dtype='float32', or hbm device='cpu' (emulated)"
-            )
+
+    def _check_slot_dtype(self) -> None:
+        if self.slot_dtype not in ROW_DTYPES:
+            raise ConfigError(f"slot_dtype: expected one of {ROW_DTYPES}, got {self.slot_dtype!r}")
+        if self.slot_dtype in ("float32", self.dtype):
+            if self.slot_dtype != "float32" and self.hbm is not None and self.hbm.device != "cpu":
+                raise ConfigError(
+                    f"slot_dtype={self.slot_dtype!r} with an HBM tier on CUDA device "
+                    f"{self.hbm.device} is not supported: use slot_dtype='float32', or hbm "
+                    "device='cpu' (emulated)"
+                )
+            return
+        raise ConfigError(
+            f"slot_dtype={self.slot_dtype!r} on a dtype={self.dtype!r} table: slots are "
+            f"stored as 'float32' or in the table's own dtype ({self.dtype!r}); half slots "
+            "on float32 values, or in the other half format, are not supported"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -290,6 +310,7 @@ class TableConfig:
             "hbm": None if self.hbm is None else self.hbm.to_dict(),
             "dtype": self.dtype,
             "rounding": self.rounding,
+            "slot_dtype": self.slot_dtype,
         }
 
     @classmethod
@@ -309,4 +330,5 @@ class TableConfig:
             hbm=None if d.get("hbm") is None else HbmConfig(**d["hbm"]),  # absent before HBM
             dtype=d.get("dtype", "float32"),  # absent before half-precision rows
             rounding=d.get("rounding", "stochastic"),
+            slot_dtype=d.get("slot_dtype", "float32"),  # absent before half-precision slots
         )

@@ -419,6 +419,7 @@ class Database:
         hbm: HbmConfig | None = None,
         dtype: RowDtype = "float32",
         rounding: Rounding = "stochastic",
+        slot_dtype: RowDtype = "float32",
     ) -> Table:
         """Create a table; see ``TableConfig`` for each option.
 
@@ -451,6 +452,7 @@ class Database:
             hbm=parse_hbm(hbm_rows, device, hbm),
             dtype=dtype,
             rounding=rounding,
+            slot_dtype=slot_dtype,
         )
         if config.hbm is not None:  # before the table's column family is created
             require_device(config.hbm.device)

@@ -73,6 +73,8 @@ def test_every_record_and_the_tables_state_carry_over_with_rounded_values(tmp_pa
         "rows": before["keys"].shape[0],
         "from": "float32",
         "to": "bfloat16",
+        "slots_from": "float32",  # float32 slots stay float32 unless asked
+        "slots_to": "float32",
     }
     assert result["tables"]["words"]["to"] == "float32"  # not chosen: copied as it was
 
