@@ -193,7 +193,9 @@ class DeviceLowpCache(DeviceCache):
             r, self.flags, int(FROZEN), step, version, self.last_step, self.version,
             self.is_dirty,
         )  # fmt: skip
-        keys = self.row_keys[r]  # rows -1 (dropped, frozen) draw a key they never use
+        # rows -1 (dropped, frozen) draw a key they never use: the last row's, or none at all
+        # while no row was ever stored (a push whose keys were none of them admitted)
+        keys = self.row_keys[r] if self.row_keys.shape[0] else self._cp.zeros_like(r)
         # hyper stays on the host: the gpu kernel takes the optimizer's scalars as arguments
         self.kernels.segment_sum_apply_lowp(
             self._dev(grads), self._dev(positions), self._dev(bounds), r, keys, optimizer,

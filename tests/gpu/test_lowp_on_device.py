@@ -277,3 +277,18 @@ def test_half_precision_slots_on_a_device_tier_are_refused(cp) -> None:
         hbm_tier(DIM, DIM, config, DramConfig(), dtype="bfloat16", slot_dtype="bfloat16")
     tier = hbm_tier(DIM, DIM, config, DramConfig(), dtype="bfloat16", slot_dtype="float32")
     assert isinstance(tier, DeviceLowpCache)
+
+
+def test_a_push_before_any_row_was_admitted_drops_its_gradients(cp, tmp_path) -> None:
+    """No row stored yet (none admitted): the update has no key to draw, and drops them all."""
+    with evdb.open(tmp_path / "db") as db:
+        t = db.create_table(
+            "t", dim=DIM, hbm_rows=HBM, device=0, dtype="bfloat16",
+            admission=evdb.admission.Counter(min_count=2), optimizer=evdb.optim.Adagrad(),
+        )  # fmt: skip
+        keys = np.array([1, 2, 3])
+        p = t.pull(keys)
+        assert not p.admitted.any()
+        t.push(p, np.ones((3, DIM), np.float32))
+        assert t.stats()["dropped_gradients"] == 3 and len(t) == 0
+        assert t.pull(keys).admitted.all()  # the second pull admits them
