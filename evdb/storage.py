@@ -88,6 +88,7 @@ def rocks_tier(store: RocksStore, name: str, config: TableConfig) -> RocksTier:
         config.optimizer.n_slots(config.dim),
         compression=disk.compression,
         dtype=disk.dtype,
+        slot_dtype=config.slot_dtype,
     )
 
 

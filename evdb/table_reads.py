@@ -67,15 +67,19 @@ class TableReads:
         # Half-precision rows round a push stochastically with the initializer's seed
         dtype, seed = config.dtype, int(getattr(config.initializer, "seed", 0))
         sr = config.rounding == "stochastic"
+        slot_dtype = config.slot_dtype
         caches: list[CacheTier] = [
-            dram_tier(config.dim, n_slots, config.dram, dtype=dtype, stochastic=sr, seed=seed)
-        ]
+            dram_tier(
+                config.dim, n_slots, config.dram, dtype=dtype, stochastic=sr, seed=seed,
+                slot_dtype=slot_dtype,
+            )
+        ]  # fmt: skip
         if config.hbm is not None:  # on top: it caches the DRAM tier (and what is under it)
             caches.insert(
                 0,
                 hbm_tier(
                     config.dim, n_slots, config.hbm, config.dram, dtype=dtype, stochastic=sr,
-                    seed=seed,
+                    seed=seed, slot_dtype=slot_dtype,
                 ),
             )  # fmt: skip
         # With a disk tier the DRAM tier caches it; without one, rows still persist in the

@@ -89,6 +89,7 @@ class TableUpkeep(TableScans):
             "name": self.name,
             "dim": self.dim,
             "dtype": self.config.dtype,  # how rows are stored (each tier's bytes: "tiers")
+            "slot_dtype": self.config.slot_dtype,  # how optimizer slots are stored
             "rows": len(self),
             "step": self._db.step,
             "version": self.meta.version,

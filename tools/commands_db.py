@@ -272,7 +272,7 @@ def cmd_reshard(src: Path, dest: Path, shards: int, as_json: bool) -> None:
     "--dtype",
     type=click.Choice(ROW_DTYPES),
     required=True,
-    help="Row dtype of the converted tables (optimizer slots stay float32).",
+    help="Row dtype of the converted tables.",
 )
 @click.option(
     "--table",
@@ -287,9 +287,22 @@ def cmd_reshard(src: Path, dest: Path, shards: int, as_json: bool) -> None:
     default=None,
     help="Push rounding of the converted tables [default: each source table's].",
 )
+@click.option(
+    "--slot-dtype",
+    type=click.Choice(ROW_DTYPES),
+    default=None,
+    help="Optimizer slot dtype of the converted tables: float32 or DTYPE [default: float32 "
+    "slots stay float32, half slots follow the rows].",
+)
 @json_option
 def cmd_convert(
-    src: Path, dest: Path, dtype: str, tables: tuple[str, ...], rounding: str | None, as_json: bool
+    src: Path,
+    dest: Path,
+    dtype: str,
+    tables: tuple[str, ...],
+    rounding: str | None,
+    slot_dtype: str | None,
+    as_json: bool,
 ) -> None:
     """Write the closed database SRC to a new database DEST with the rows of its tables in
     DTYPE, rounded to nearest even; every row keeps its slots, counts, last step and version,
@@ -298,11 +311,15 @@ def cmd_convert(
     require_path(src, "src")
     with progress_bar("convert") as progress:
         result = convert(
-            src, dest, dtype, tables=list(tables) or None, rounding=rounding, progress=progress
-        )
+            src, dest, dtype, tables=list(tables) or None, rounding=rounding,
+            slot_dtype=slot_dtype, progress=progress,
+        )  # fmt: skip
     if as_json:
         print_json(result)
         return
     print_pairs([(k, result[k]) for k in ("src", "dest", "dtype", "step")])
-    rows = [[n, t["rows"], t["from"], t["to"]] for n, t in result["tables"].items()]
-    print_table(["table", "rows", "from", "to"], rows)
+    rows = [
+        [n, t["rows"], t["from"], t["to"], t["slots_from"], t["slots_to"]]
+        for n, t in result["tables"].items()
+    ]
+    print_table(["table", "rows", "from", "to", "slots_from", "slots_to"], rows)

@@ -206,6 +206,7 @@ def _options_of(config: TableConfig) -> dict[str, Any]:
         "disk": False if config.disk is None else config.disk,
         "dtype": config.dtype,  # a half-precision table comes back one, rows bit for bit
         "rounding": config.rounding,
+        "slot_dtype": config.slot_dtype,
     }
 
 
@@ -282,7 +283,12 @@ def import_vectors(
             table_options.setdefault("key_type", "str")
             table_options.setdefault("keep_strings", True)
         if exported is not None:
-            table_options = {**_options_of(exported), **table_options}
+            options = _options_of(exported)
+            if "dtype" in table_options and "slot_dtype" not in table_options:
+                # half slots follow the values into the dtype asked for (float32: float32)
+                half = options["slot_dtype"] != "float32"
+                options["slot_dtype"] = table_options["dtype"] if half else "float32"
+            table_options = {**options, **table_options}
         optimizer = table_options.get("optimizer") or SGD()
     if width is not None and width != optimizer.n_slots(dim):
         raise ConfigError(
