@@ -8,7 +8,10 @@ thread's CPU time, which other processes on a shared machine disturb far less (a
 preempted for 100 ms reads as 100 ms of wall time, and as its own CPU time). The thread's CPU
 leaves out what other threads do for the step (numba's workers, RocksDB's, the recorder's
 chunk writer): the wall-time amortized figure, which waits for the writer, counts that. Min
-and median of each, and ``record`` alone against the step.
+and median of each, and the recording alone against the step: a pull of up to 8,192 keys
+samples in its dedup pass (``Deduper.unique_sampled`` + ``KeyRecorder.record_kept``), so its
+cost is that pass with a trace minus the same pass without one; ``record()`` (lookups, and
+pulls of more keys) on its own.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 from _common import print_table
 
 import evdb
+from evdb.dedup import Deduper
 from evdb.trace import DEFAULT_MIN_KEYS, KeyRecorder
 
 DIM = 16  # the default --dim: the cheapest step, so the largest ratio
@@ -69,12 +73,24 @@ def bench_overhead(
             step(keys, recs["default"])
             step(keys, recs["fixed"])
         times: dict[str, list[Clock]] = {"plain": [], "fixed": [], "default": []}
-        alone: dict[str, list[Clock]] = {"fixed": [], "default": []}
+        alone: dict[str, list[Clock]] = {"fixed": [], "default": [], "dedup": []}
+        alone |= {f"dedup {name}": [] for name in recs}
         order = ["plain", "fixed", "default"]
+        dedup = Deduper()  # the pull's dedup pass, as Table.pull runs it (its own scratch)
         for r in range(args.rounds):
             for keys in steps:
                 for name in order[r % 3 :] + order[: r % 3]:  # each goes first in turn
                     times[name].append(step(keys, recs.get(name)))
+                for name in order[r % 3 :] + order[: r % 3]:
+                    rec = recs.get(name)
+                    t0 = _now()
+                    if rec is None:
+                        dedup.unique_sampled(keys)
+                        alone["dedup"].append(_since(t0))
+                        continue
+                    u, _, _, kept, hashes = dedup.unique_sampled(keys, *rec.sampling)
+                    rec.record_kept("pull", kept, hashes, keys.shape[0], db.step, u.shape[0])
+                    alone[f"dedup {name}"].append(_since(t0))
                 for name, rec in recs.items():
                     t0 = _now()
                     rec.record("pull", keys, db.step)
@@ -82,15 +98,20 @@ def bench_overhead(
         t.trace(None)
         rates = {name: rec.rate for name, rec in recs.items()}
         amortized: dict[str, Clock] = {}
-        for name, rec in recs.items():
+        calls = args.rounds * len(steps)
+        for name, rec in [("dedup", None), *recs.items()]:
             best = (float("inf"), float("inf"))
-            calls = args.rounds * len(steps)
             for _ in range(3):
                 t0 = _now()
                 for _ in range(args.rounds):
                     for keys in steps:
-                        rec.record("pull", keys, db.step)
-                rec.flush()  # the chunks the writer thread still holds count too
+                        if rec is None:
+                            dedup.unique_sampled(keys)
+                            continue
+                        u, _, _, kept, hashes = dedup.unique_sampled(keys, *rec.sampling)
+                        rec.record_kept("pull", kept, hashes, keys.shape[0], db.step, u.shape[0])
+                if rec is not None:
+                    rec.flush()  # the chunks the writer thread still holds count too
                 wall, cpu = _since(t0)
                 best = (min(best[0], wall / calls), min(best[1], cpu / calls))
             amortized[name] = best
@@ -105,9 +126,11 @@ def bench_overhead(
         f"rate at {rates['default']:.3f}); 'fixed' = KeyRecorder(rate={args.rate:g}, "
         f"min_keys=0), 'default' = KeyRecorder(rate={args.rate:g}) (min_keys="
         f"{DEFAULT_MIN_KEYS:,}); min (least disturbed by other processes) and median of the "
-        f"steps, by wall time and by the calling thread's CPU time; 'record, amortized': "
-        f"{args.rounds * 64:,} calls back to back and a flush (with the chunk writes, one per "
-        f"1M kept keys, that a step's min and median leave out), best of 3"
+        f"steps, by wall time and by the calling thread's CPU time; 'pull's recording, "
+        f"amortized': {args.rounds * 64:,} dedup passes + record_kept back to back and a flush "
+        f"(with the chunk writes, one per "
+        f"1M kept keys, that a step's min and median leave out), best of 3, minus the same "
+        f"passes without a trace"
     )
     for clock, label in ((0, "wall time"), (1, "the calling thread's CPU time")):
         print(f"\nby {label}:")
@@ -124,17 +147,27 @@ def _table(
         return [x[clock] for x in xs]
 
     p0, p50 = min(col(times["plain"])), statistics.median(col(times["plain"]))
-    rows = [["step (baseline)", f"{p0 * 1e3:.3f} ms", "1.00x", f"{p50 * 1e3:.3f} ms", "1.00x"]]
+    d0, d50 = min(col(alone["dedup"])), statistics.median(col(alone["dedup"]))
+    rows = [
+        ["step (baseline)", f"{p0 * 1e3:.3f} ms", "1.00x", f"{p50 * 1e3:.3f} ms", "1.00x"],
+        ["pull's dedup pass, no trace", f"{d0 * 1e6:.1f} us", f"{100 * d0 / p0:.2f}% of a step",
+         f"{d50 * 1e6:.1f} us", f"{100 * d50 / p50:.2f}% of a step"],
+    ]  # fmt: skip
     for name in ("fixed", "default"):
         r0, r50 = min(col(times[name])), statistics.median(col(times[name]))
         a0, a50 = min(col(alone[name])), statistics.median(col(alone[name]))
-        am = amortized[name][clock]
+        s0 = min(col(alone[f"dedup {name}"])) - d0
+        s50 = statistics.median(col(alone[f"dedup {name}"])) - d50
+        am = amortized[name][clock] - amortized["dedup"][clock]
         rows += [
             [f"step + record ({name})", f"{r0 * 1e3:.3f} ms", f"{r0 / p0:.3f}x",
              f"{r50 * 1e3:.3f} ms", f"{r50 / p50:.3f}x"],
-            [f"record alone ({name})", f"{a0 * 1e6:.1f} us", f"{100 * a0 / p0:.2f}% of a step",
+            [f"pull's recording ({name}): dedup pass + record_kept - dedup pass",
+             f"{s0 * 1e6:.1f} us", f"{100 * s0 / p0:.2f}% of a step", f"{s50 * 1e6:.1f} us",
+             f"{100 * s50 / p50:.2f}% of a step"],
+            [f"record() alone ({name})", f"{a0 * 1e6:.1f} us", f"{100 * a0 / p0:.2f}% of a step",
              f"{a50 * 1e6:.1f} us", f"{100 * a50 / p50:.2f}% of a step"],
-            [f"record, amortized ({name})", f"{am * 1e6:.1f} us",
+            [f"pull's recording, amortized ({name})", f"{am * 1e6:.1f} us",
              f"{100 * am / p0:.2f}% of a step", "", ""],
         ]  # fmt: skip
     print_table(["", "min", "vs plain (min)", "median", "vs plain (median)"], rows, first_left=1)

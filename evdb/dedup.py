@@ -2,7 +2,9 @@
 
 The kernels (``unique_inverse``, ``unique_rows``) need an empty open-addressing index twice the
 batch size and, for pulls, a mark per DRAM row; both are kept between calls (the kernels leave
-them empty), because a fresh 134 MB index cost 50 ms of page faults per 2M keys.
+them empty), because a fresh 134 MB index cost 50 ms of page faults per 2M keys. A pull that
+a key trace records deduplicates and samples in one pass (``unique_sampled``, in
+``evdb.sizing_kernels``), through the same scratch.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import numpy as np
 
 from evdb._types import Int64Array
 from evdb.kernels import backend
+from evdb.sizing_kernels import unique_sampled
 
 cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
 __all__ = ["Deduper"]
 
 _SMALL_SCRATCH = 1024  # slots of the index kept after a bulk call
+_NO_SALT, _NONE = np.uint64(0), np.uint64(0)  # unique_sampled without a trace: keeps no key
 
 
 class Deduper:
@@ -25,6 +29,8 @@ class Deduper:
     def __init__(self) -> None:
         self.scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
         self.mark = np.full(0, -1, dtype=np.int32)  # unique_rows' marks, one per slab row
+        # where unique_sampled writes without a trace: at [0] only (it keeps no key)
+        self._sink = (np.empty(1, dtype=np.int64), np.empty(1, dtype=np.uint64))
 
     @property
     def nbytes(self) -> int:
@@ -71,3 +77,27 @@ class Deduper:
             keys, rows_of_keys, self.mark, self.scratch, uniq, inverse, counts, rows
         )
         return uniq[:u], inverse, counts[:u], rows[:u]
+
+    def unique_sampled(
+        self, keys: Int64Array, salt: np.uint64 = _NO_SALT, threshold: np.uint64 = _NONE
+    ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array, np.ndarray]:
+        """For a pull of up to ``DEDUP_FIRST_KEYS`` keys: ``unique(keys, keep=True)``, plus the
+        keys a key trace keeps (salted hash under ``threshold``: ``evdb.trace``; none by
+        default), in order with their repeats, and the 53-bit hashes of the distinct ones
+        kept. A pull deduplicates here, recorded or not, so a trace costs it only the
+        sampling."""
+        n = keys.shape[0]
+        self._fit(n)
+        uniq = np.empty(n, dtype=np.int64)
+        inverse = np.empty(n, dtype=np.int64)
+        counts = np.empty(n, dtype=np.int64)
+        if threshold == _NONE:
+            kept, hashes = self._sink
+        else:
+            kept, hashes = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.uint64)
+        u, k, m = unique_sampled(
+            keys, salt, threshold, self.scratch, uniq, inverse, counts, kept, hashes
+        )
+        # a small kept part is copied, so the trace's buffer does not hold all n keys
+        kept = kept[:k].copy() if k < n // 2 else kept[:k]
+        return uniq[:u], inverse, counts[:u], kept, hashes[:m]

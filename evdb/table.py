@@ -164,11 +164,21 @@ class Table(TableUpkeep):
         is deduplicated first, in a small scratch index, and only its distinct keys probe the
         table's index; a bigger one probes every key (on numba's threads) and deduplicates by
         row (``unique_rows``): on a 1M-row table, 16,384 uniform keys took 0.38 -> 0.18 ms
-        deduplicated first, 65,536 keys 1.17 -> 0.91 ms probed first."""
+        deduplicated first, 65,536 keys 1.17 -> 0.91 ms probed first. With a key trace
+        attached, the pull's keys are recorded (counted: the distinct keys the tiers'
+        counters count); a small batch is sampled in its dedup pass."""
+        rec = self._recorder
         if k.shape[0] > DEDUP_FIRST_KEYS:
             rows = self._top.locate(k)
-            return self._dedup.unique_rows(k, rows, int(rows.max(initial=-1)) + 1)
-        uniq, inverse, counts = self._dedup.unique(k, keep=True)
+            out = self._dedup.unique_rows(k, rows, int(rows.max(initial=-1)) + 1)
+            if rec is not None:
+                rec.record("pull", k, self._db.step, counted=out[0].shape[0])
+            return out
+        if rec is None:  # (the same kernel as a recorded pull's, which keeps no key here)
+            uniq, inverse, counts, _, _ = self._dedup.unique_sampled(k)
+        else:  # one pass: each key hashed once, for its dedup slot and its sample decision
+            uniq, inverse, counts, kept, hashes = self._dedup.unique_sampled(k, *rec.sampling)
+            rec.record_kept("pull", kept, hashes, k.shape[0], self._db.step, uniq.shape[0])
         return uniq, inverse, counts, self._top.locate(uniq)
 
     @exclusive
@@ -197,9 +207,7 @@ class Table(TableUpkeep):
         dev = dp if dp is not None and dp.owns(keys) else None
         k = self._keys(keys) if dev is None else dev.keys_to_host(self._device_keys(keys))
         given = None if counts is None else occurrence_counts(counts, k.shape[0], "counts")
-        uniq, inverse, counts, found = self._distinct_rows(k)
-        if self._recorder is not None:  # counted: the distinct keys the tiers' counters count
-            self._recorder.record("pull", k, self._db.step, counted=uniq.shape[0])
+        uniq, inverse, counts, found = self._distinct_rows(k)  # (and records them)
         # counts: positions per distinct key (combine and per-position push use them);
         # occurrences: what admission and freq count
         occurrences = counts

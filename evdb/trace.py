@@ -272,13 +272,42 @@ class KeyRecorder:
         with self._lock:
             if hashes is not None:  # fixed-size SHARDS: the threshold falls
                 self._probed(hashes, kept.shape[0])
-            self.batches += 1
-            self.seen += n
-            self._keys.append(kept)
-            self._meta.append((code, int(step), kept.shape[0], n, int(counted)))
-            self._buffered += kept.shape[0]
-            if self._buffered >= _CHUNK_KEYS or len(self._meta) >= _CHUNK_BATCHES:
-                self._hand_over()
+            self._book(code, int(step), kept, n, int(counted))
+
+    @property
+    def sampling(self) -> tuple[np.uint64, np.uint64]:
+        """(salt, threshold) of the key hash now: a key is kept when its 53-bit salted hash
+        is under the threshold (``Deduper.unique_sampled`` samples with them)."""
+        return self._salt, self._threshold
+
+    def record_kept(
+        self, op: str, kept: Int64Array, hashes: np.ndarray, seen: int, step: int, counted: int
+    ) -> None:
+        """``record`` for a caller that sampled the call's keys itself with ``sampling``
+        (``Table.pull``, in its dedup pass: ``Deduper.unique_sampled``): ``kept`` the kept
+        keys in order (the recorder keeps the array), ``hashes`` the 53-bit hashes of the
+        distinct ones (``min_keys`` enters them among the smallest; repeats change nothing
+        there), ``seen`` the call's key count. The file is the one ``record`` writes."""
+        code = op_code(op)
+        if self._closed:
+            raise InvalidArgumentError(f"the recorder of {str(self.path)!r} is closed")
+        with self._lock:
+            if not self._smallest.settled:  # as record: a probe every _probe_every calls
+                if self._probe_wait > 0:
+                    self._probe_wait -= 1
+                else:
+                    self._probed(hashes, hashes.shape[0])
+            self._book(code, step, kept, seen, counted)
+
+    def _book(self, code: int, step: int, kept: Int64Array, seen: int, counted: int) -> None:
+        """Buffer a call (under the lock); a full buffer goes to the writer as a chunk."""
+        self.batches += 1
+        self.seen += seen
+        self._keys.append(kept)
+        self._meta.append((code, step, kept.shape[0], seen, counted))
+        self._buffered += kept.shape[0]
+        if self._buffered >= _CHUNK_KEYS or len(self._meta) >= _CHUNK_BATCHES:
+            self._hand_over()
 
     def _probed(self, hashes: np.ndarray, n: int) -> None:
         """Enter a call's kept hashes among the smallest; a probe that found no new one
