@@ -10,8 +10,8 @@ leaves out what other threads do for the step (numba's workers, RocksDB's, the r
 chunk writer): the wall-time amortized figure, which waits for the writer, counts that. Min
 and median of each, and the recording alone against the step: a pull of up to 8,192 keys
 samples in its dedup pass (``Deduper.unique_sampled`` + ``KeyRecorder.record_kept``), so its
-cost is that pass with a trace minus the same pass without one; ``record()`` (lookups, and
-pulls of more keys) on its own.
+cost is that pass with a trace minus the pass an unrecorded pull runs (``Deduper.unique``);
+``record()`` (lookups, and pulls of more keys) on its own.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def bench_overhead(
                 for name in order[r % 3 :] + order[: r % 3]:
                     rec = recs.get(name)
                     t0 = _now()
-                    if rec is None:
-                        dedup.unique_sampled(keys)
+                    if rec is None:  # what an unrecorded pull runs
+                        dedup.unique(keys, keep=True)
                         alone["dedup"].append(_since(t0))
                         continue
                     u, _, _, kept, hashes = dedup.unique_sampled(keys, *rec.sampling)
@@ -106,7 +106,7 @@ def bench_overhead(
                 for _ in range(args.rounds):
                     for keys in steps:
                         if rec is None:
-                            dedup.unique_sampled(keys)
+                            dedup.unique(keys, keep=True)
                             continue
                         u, _, _, kept, hashes = dedup.unique_sampled(keys, *rec.sampling)
                         rec.record_kept("pull", kept, hashes, keys.shape[0], db.step, u.shape[0])

@@ -20,7 +20,6 @@ cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 __all__ = ["Deduper"]
 
 _SMALL_SCRATCH = 1024  # slots of the index kept after a bulk call
-_NO_SALT, _NONE = np.uint64(0), np.uint64(0)  # unique_sampled without a trace: keeps no key
 
 
 class Deduper:
@@ -29,8 +28,6 @@ class Deduper:
     def __init__(self) -> None:
         self.scratch = np.full((_SMALL_SCRATCH, 2), -1, dtype=np.int64)
         self.mark = np.full(0, -1, dtype=np.int32)  # unique_rows' marks, one per slab row
-        # where unique_sampled writes without a trace: at [0] only (it keeps no key)
-        self._sink = (np.empty(1, dtype=np.int64), np.empty(1, dtype=np.uint64))
 
     @property
     def nbytes(self) -> int:
@@ -79,22 +76,17 @@ class Deduper:
         return uniq[:u], inverse, counts[:u], rows[:u]
 
     def unique_sampled(
-        self, keys: Int64Array, salt: np.uint64 = _NO_SALT, threshold: np.uint64 = _NONE
+        self, keys: Int64Array, salt: np.uint64, threshold: np.uint64
     ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array, np.ndarray]:
-        """For a pull of up to ``DEDUP_FIRST_KEYS`` keys: ``unique(keys, keep=True)``, plus the
-        keys a key trace keeps (salted hash under ``threshold``: ``evdb.trace``; none by
-        default), in order with their repeats, and the 53-bit hashes of the distinct ones
-        kept. A pull deduplicates here, recorded or not, so a trace costs it only the
-        sampling."""
+        """For a recorded pull of up to ``DEDUP_FIRST_KEYS`` keys: ``unique(keys, keep=True)``,
+        plus the keys a key trace keeps (salted hash under ``threshold``: ``evdb.trace``), in
+        order with their repeats, and the 53-bit hashes of the distinct ones kept."""
         n = keys.shape[0]
         self._fit(n)
         uniq = np.empty(n, dtype=np.int64)
         inverse = np.empty(n, dtype=np.int64)
         counts = np.empty(n, dtype=np.int64)
-        if threshold == _NONE:
-            kept, hashes = self._sink
-        else:
-            kept, hashes = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.uint64)
+        kept, hashes = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.uint64)
         u, k, m = unique_sampled(
             keys, salt, threshold, self.scratch, uniq, inverse, counts, kept, hashes
         )

@@ -174,8 +174,8 @@ class Table(TableUpkeep):
             if rec is not None:
                 rec.record("pull", k, self._db.step, counted=out[0].shape[0])
             return out
-        if rec is None:  # (the same kernel as a recorded pull's, which keeps no key here)
-            uniq, inverse, counts, _, _ = self._dedup.unique_sampled(k)
+        if rec is None:
+            uniq, inverse, counts = self._dedup.unique(k, keep=True)
         else:  # one pass: each key hashed once, for its dedup slot and its sample decision
             uniq, inverse, counts, kept, hashes = self._dedup.unique_sampled(k, *rec.sampling)
             rec.record_kept("pull", kept, hashes, k.shape[0], self._db.step, uniq.shape[0])
