@@ -6,8 +6,10 @@ Four parts, each against a baseline measured in the same run:
 * **Recording overhead** (``_size_overhead.py``): one training step (``pull`` + fused Adagrad
   ``push`` of a batch of Zipf(1.1) keys, dim 16, every row in DRAM: the fastest step, so the
   largest ratio) plain, with a fixed-rate recorder (``min_keys=0``) and with the default one
-  (``min_keys`` raising the rate), in turn; min and median per-step wall and CPU times, and
-  ``record`` alone over the step time.
+  (``min_keys`` raising the rate), in turn; min and median per-step wall and CPU times; the
+  pull's recording alone (its dedup pass sampling the keys, ``Deduper.unique_sampled`` +
+  ``KeyRecorder.record_kept``, minus the unrecorded pull's ``Deduper.unique``) and
+  ``record()`` alone (lookups, pulls of over 8,192 keys) over the step time.
 * **Zipf(1.1) click log**: ``--accesses`` keys (a catalogue of 1M items, keys the hashed
   ranks) in batches of ``--batch``, through real tables (dim 16, Adagrad, Counter admission
   min_count=2, a TTL, LFU, RocksDB under DRAM) at three DRAM sizes; their measured DRAM hit
