@@ -247,6 +247,7 @@ def test_slots_survive_reopen_and_checkpoint_restore_bit_for_bit(tmp_path: Path)
         train(t, db, 4)
         before_close = records(t)
         assert not np.array_equal(before_close[2], at_checkpoint[2])
+        db.checkpoint(tmp_path / "delta", base=tmp_path / "ckpt")  # the changed rows only
     with evdb.open(tmp_path / "db") as db:
         t = db.table("t")
         assert t.config.slot_dtype == "bfloat16" and t._top.slots.dtype == np.uint16
@@ -255,6 +256,8 @@ def test_slots_survive_reopen_and_checkpoint_restore_bit_for_bit(tmp_path: Path)
         assert_same_records(records(t), at_checkpoint)
     with evdb.open(tmp_path / "work", restore=tmp_path / "ckpt") as db:
         assert_same_records(records(db.table("t")), at_checkpoint)
+    with evdb.open(tmp_path / "work2", restore=tmp_path / "delta") as db:
+        assert_same_records(records(db.table("t")), before_close)
 
 
 def test_a_table_that_resumes_after_reopen_trains_as_one_that_never_closed(
