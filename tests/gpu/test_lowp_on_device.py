@@ -236,6 +236,15 @@ def test_the_size_check_counts_two_byte_values(cp) -> None:
     assert tier.stats()["dtype"] == "float16"
     with pytest.raises(ConfigError, match=rf"needs {full} bytes.* {half} bytes free"):
         hbm_tier(DIM, 1, config, DramConfig())
+    n = 2048  # a whole growth step: what the check counts is what the columns take
+    records = RecordBatch(
+        np.ones((n, DIM), np.float32), np.ones((n, 1), np.float32), np.ones(n, np.uint32),
+        np.zeros(n, np.int64), np.zeros(n, np.uint64),
+    )  # fmt: skip
+    cp.cuda.runtime.set_mem_info(10 * full, 10 * full)
+    tier = hbm_tier(DIM, 1, HbmConfig(capacity_rows=n, device=0), DramConfig(), dtype="float16")
+    tier.put(np.arange(n, dtype=np.int64), records)
+    assert tier.stats()["bytes"] == device_bytes(DIM, 1, n, 2)
 
 
 def test_the_torch_binding_trains_a_device_half_table_as_emulated_hbm(cp, tmp_path) -> None:
