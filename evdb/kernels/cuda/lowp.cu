@@ -14,8 +14,8 @@
 // array and widened rows go out as unsigned bits, so no __float_as_uint is needed; rounding
 // works on the value in float64 (a float32 has 24 significant bits, so a * 2^k, its floor and
 // the fraction are exact) and the results match the reference's integer formulation bit for
-// bit: bfloat16 rounds up when r16 + frac * 2^16 >= 2^16 (the reference adds the top 16
-// random bits to the float32 bits), float16 when (r >> 11) * 2^-53 < frac. FMA contraction
+// bit: with r the element's 16 random bits, bfloat16 rounds up when r + frac * 2^16 >= 2^16
+// (the reference adds r to the float32 bits), float16 when r * 2^-16 < frac. FMA contraction
 // cannot change these: every product and sum above is exact.
 //
 // Threads and races: round_rows, widen_rows and dequantize_rows one thread per element;
@@ -44,8 +44,10 @@ __device__ __forceinline__ u64 evdb_row_base(u64 salt, i64 key) {
     return evdb_mix64((u64)key ^ salt);
 }
 
+// The 16 random bits of column c: bits 16 (c % 4) .. of the mix64 of its group of four
+// columns (reference.lowp.rounding_bits).
 __device__ __forceinline__ u64 evdb_column_bits(u64 base, i64 c) {
-    return evdb_mix64(base + (u64)(c + 1) * EVDB_GAMMA);
+    return (evdb_mix64(base + (u64)((c >> 2) + 1) * EVDB_GAMMA) >> (16 * (c & 3))) & 0xFFFFULL;
 }
 
 // Bits of the magnitude a (finite, >= 0, a float32's value) in a format of m mantissa bits
@@ -63,9 +65,9 @@ __device__ __forceinline__ u32 evdb_narrow_magnitude(double a, int m, int min_e,
     if (!stochastic) {
         up = frac > 0.5 || (frac == 0.5 && fmod(k, 2.0) == 1.0);
     } else if (fmt == 0) {
-        up = (double)(r >> 48) + frac * 65536.0 >= 65536.0;
+        up = (double)r + frac * 65536.0 >= 65536.0;
     } else {
-        up = (double)(r >> 11) * (1.0 / 9007199254740992.0) < frac;
+        up = (double)r * (1.0 / 65536.0) < frac;
     }
     // k spans 2^m .. 2^(m + 1) in a normal binade: its carry into the exponent field is right
     return ((u32)(e - min_e) << m) + (u32)k + (up ? 1u : 0u);

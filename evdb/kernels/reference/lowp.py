@@ -10,16 +10,20 @@ Storage formats (the dtype of the stored array says which):
 Rounding float32 to either: round-to-nearest-even (what ``astype(np.float16)`` does), or
 **stochastic**: up (away from zero) with probability equal to the fraction of an ulp below x,
 so the stored value is x on average (Zhang et al., SysML 2018; FBGEMM's default for fp16
-training rows). The random bits of element (row of ``key``, column ``c``) at ``step`` are
+training rows). Each element draws 16 random bits: column ``c`` of the row of ``key`` at
+``step`` takes bits ``16 (c % 4)`` to ``16 (c % 4) + 15`` of
 
-    ``mix64(mix64(key ^ mix64((seed ^ ROUND_SALT) + step * G)) + (c + 1) * G)``
+    ``mix64(mix64(key ^ mix64((seed ^ ROUND_SALT) + step * G)) + (c // 4 + 1) * G)``
 
 (G the golden gamma; the scheme of ``reference.init.uniform01`` with the step as the stream,
-salted so a table's rounding never reuses its initializer's bits): a pure function of (table
-seed, key, step, column), so a run is reproducible whatever the batch order or backend.
-bfloat16 adds the top 16 bits to the float32 bit pattern and truncates, P(up) = frac exactly;
-float16 rounds up when ``u < frac`` with u the top 53 bits as a float in [0, 1) (exact for
-every x whose fraction has at most 53 bits: all but float32 values below 2^-77 in magnitude).
+salted so a table's rounding never reuses its initializer's bits, one mix64 serving four
+columns: in little-endian order, the uint16 view of a row's hashes is its columns' bits): a
+pure function of (table seed, key, step, column), so a run is reproducible whatever the batch
+order or backend. bfloat16 adds the 16 bits to the float32 bit pattern and truncates, so
+P(up) = frac exactly (a float32 has 16 bits below bfloat16's); float16 rounds up when
+``r / 2^16 < frac``, exact wherever frac has at most 16 bits, that is in float16's normal
+range (13 bits cut off); among float16's subnormals (up to 37 bits cut off) P(up) is frac
+rounded up to a multiple of 2^-16, so the rounding there is unbiased to 2^-16 of an ulp.
 NaN stays NaN (quiet, numpy's bit pattern), infinities stay infinite, and a finite x past the
 largest finite value rounds to infinity as IEEE round-to-nearest does (float16: from 65520).
 
@@ -114,22 +118,26 @@ def quantized_row_bytes(dim: int, bits: int, *, align: int = 1) -> int:
 
 
 def rounding_bits(seed: int, keys: np.ndarray, step: int, n_cols: int) -> np.ndarray:
-    """(n, n_cols) uint64 random bits of each key's columns at ``step`` (module docstring)."""
+    """(n, n_cols) uint16 random bits of each key's columns at ``step`` (module docstring)."""
     s = np.array([seed], dtype=np.uint64) ^ ROUND_SALT
     t = np.array([step], dtype=np.int64).view(np.uint64)
     salt = mix64_np(s + t * GOLDEN_GAMMA)  # arrays wrap silently
     base = mix64_np(keys.astype(np.int64).view(np.uint64) ^ salt)
-    cols = np.arange(1, n_cols + 1, dtype=np.uint64) * GOLDEN_GAMMA
-    return mix64_np(base[:, None] + cols[None, :])
+    groups = np.arange(1, (n_cols + 3) // 4 + 1, dtype=np.uint64) * GOLDEN_GAMMA
+    hashes = mix64_np(base[:, None] + groups[None, :])  # (n, ceil(n_cols / 4))
+    cols = np.arange(n_cols)
+    shift = (16 * (cols % 4)).astype(np.uint64)
+    return ((hashes[:, cols // 4] >> shift) & np.uint64(0xFFFF)).astype(np.uint16)
 
 
 def bfloat16_bits(x: np.ndarray, rbits: np.ndarray | None) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) of float32 x: stochastic with rbits, else to nearest even."""
+    """bfloat16 bit patterns (uint16) of float32 x: stochastic with rbits (uint16, 16 random
+    bits an element), else to nearest even."""
     u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
     if rbits is None:
         u = u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))
     else:
-        u = u + (rbits >> np.uint64(48))
+        u = u + rbits.astype(np.uint64)
     out = (u >> np.uint64(16)).astype(np.uint16)
     nan = np.isnan(x)
     xb = x.astype(np.float32).view(np.uint32) >> np.uint32(16)
@@ -138,8 +146,9 @@ def bfloat16_bits(x: np.ndarray, rbits: np.ndarray | None) -> np.ndarray:
 
 
 def float16_bits(x: np.ndarray, rbits: np.ndarray | None) -> np.ndarray:
-    """float16 bit patterns (uint16) of float32 x: stochastic with rbits, else to nearest even
-    (equal to ``x.astype(np.float16)``, NaN payloads included)."""
+    """float16 bit patterns (uint16) of float32 x: stochastic with rbits (uint16, 16 random
+    bits an element), else to nearest even (equal to ``x.astype(np.float16)``, NaN payloads
+    included)."""
     x = x.astype(np.float32)
     xb = x.view(np.uint32)
     sign = ((xb >> np.uint32(16)) & np.uint32(0x8000)).astype(np.uint16)
@@ -156,7 +165,7 @@ def float16_bits(x: np.ndarray, rbits: np.ndarray | None) -> np.ndarray:
     if rbits is None:
         up = (frac > 0.5) | ((frac == 0.5) & (k % 2 == 1))
     else:
-        up = (rbits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53) < frac
+        up = rbits.astype(np.float64) * (1.0 / 2**16) < frac  # exact in float64
     # k = 2^10 .. 2^11 in a normal binade: the carry of k into the exponent field is right
     mag = ((exp + 14) << 10) + k.astype(np.int64) + up
     mag = np.where(finite, mag, _F16_INF)
