@@ -74,7 +74,12 @@ def test_a_cache_numba_keeps_elsewhere_is_left_alone(
 
 
 def test_the_kernels_cache_under_their_digest_and_other_modules_under_numbas_own() -> None:
-    assert DigestLocator in _cache._IMPL._locator_classes
+    from numba.core import config
+
+    assert config.CACHE_LOCATOR_CLASSES.split(",")[:2] == [
+        "UserProvidedCacheLocator",
+        "evdb.kernels.cpu._cache.DigestLocator",
+    ]
     kernels = Path(_cache.__file__).parent
     from evdb.kernels.cpu import index
 

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from numba.core import caching as _caching
+from numba.core import config as numba_config
+from numba.core.caching import InTreeCacheLocator
 
 _PREFIX = "evdb-"
 _OLD_STAMP = "evdb-kernels.sha256"  # the first guard's stamp beside the flat files
@@ -71,20 +72,20 @@ def _last_write(directory: Path) -> float:
     return max(times)
 
 
-# numba >= 0.61 names its locator classes without the underscore
-_IN_TREE: Any = getattr(_caching, "InTreeCacheLocator", None) or _caching._InTreeCacheLocator
-_IMPL: Any = getattr(_caching, "CacheImpl", None) or _caching._CacheImpl
+# numba's own locators, in its default order (numba.core.caching), after which this one goes
+_NUMBAS = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator",
+           "IPythonCacheLocator", "ZipCacheLocator")  # fmt: skip
 
 
-class DigestLocator(_IN_TREE):  # type: ignore[misc]
+class DigestLocator(InTreeCacheLocator):  # type: ignore[misc]
     """numba's in-tree locator, pointed at the digest's directory for the kernel modules."""
 
     sources = Path(__file__).parent
-    _dir = str(cache_dir(sources))
+    digest_dir = str(cache_dir(sources))
 
     def __init__(self, py_func: Any, py_file: str) -> None:
         super().__init__(py_func, py_file)
-        self._cache_path = self._dir
+        self._cache_path = self.digest_dir
 
     @classmethod
     def from_function(cls, py_func: Any, py_file: str) -> Any:
@@ -93,12 +94,16 @@ class DigestLocator(_IN_TREE):  # type: ignore[misc]
         return super().from_function(py_func, py_file)
 
 
-def install() -> None:
-    """Put ``DigestLocator`` first after a user-provided cache directory (which still wins)."""
-    locators = _IMPL._locator_classes
-    if DigestLocator not in locators:
-        locators.insert(1 if locators and "UserProvided" in locators[0].__name__ else 0,
-                        DigestLocator)  # fmt: skip
+def install() -> bool:
+    """Ask numba (its public ``CACHE_LOCATOR_CLASSES`` setting) to try ``DigestLocator`` right
+    after a user-provided cache directory, which still wins; a list the user set is kept.
+    Returns whether the locator is in use."""
+    ours = f"{__name__}.{DigestLocator.__qualname__}"
+    chosen = numba_config.CACHE_LOCATOR_CLASSES
+    if chosen and ours not in chosen:
+        return False  # NUMBA_CACHE_LOCATOR_CLASSES: the user's choice
+    numba_config.CACHE_LOCATOR_CLASSES = ",".join([_NUMBAS[0], ours, *_NUMBAS[1:]])
+    return True
 
 
 drop_stale(DigestLocator.sources)
