@@ -20,6 +20,7 @@ from evdb.kernels.cpu._common import (
     I8,
     I8_2D,
     PARALLEL_MIN_KEYS,
+    f4,
     f8,
     i8,
     lazy_njit,
@@ -29,7 +30,7 @@ from evdb.kernels.cpu._common import (
 )
 from evdb.kernels.cpu.bags import _clip_scale, _divisor
 from evdb.kernels.cpu.init import default_row
-from evdb.kernels.cpu.lowp import U1_2D, dequantize_row
+from evdb.kernels.cpu.lowp import U1_2D, dequantize_row, float16_value
 from evdb.kernels.reference.lowp import check_bits
 
 __all__ = ["search_gather_combine_dequantized", "search_gather_dequantized"]
@@ -115,13 +116,35 @@ def search_gather_dequantized(directory, table_keys, q, bits, keys, out, out_row
 _SGC_ARGS = (I8_2D, I8_2D, U1_2D, i8, I8, I8, F4, i8, f8, i8, u8, f8, f8, F4_2D)
 
 
+@lazy_njit(types.void(U1_2D, i8, i8, f4, F4_2D, i8), inline="always")
+def add_dequantized(q, r, bits, w, out, b):  # type: ignore[no-untyped-def]
+    """out[b] += w * (row r of q dequantised), in one pass over the codes: (w * scale) *
+    code + w * bias, so no dequantised row is written and read back."""
+    scale = np.float32(float16_value(np.uint16(q[r, 0]) | (np.uint16(q[r, 1]) << np.uint16(8))))
+    bias = np.float32(float16_value(np.uint16(q[r, 2]) | (np.uint16(q[r, 3]) << np.uint16(8))))
+    a = w * scale
+    c = w * bias
+    dim = out.shape[1]
+    if bits == 8:
+        for j in range(dim):
+            out[b, j] += np.float32(q[r, 4 + j]) * a + c
+        return
+    for k in range(dim // 2):
+        byte = q[r, 4 + k]
+        out[b, 2 * k] += np.float32(byte & np.uint8(0x0F)) * a + c
+        out[b, 2 * k + 1] += np.float32(byte >> np.uint8(4)) * a + c
+    if dim % 2:
+        out[b, dim - 1] += np.float32(q[r, 4 + dim // 2] & np.uint8(0x0F)) * a + c
+
+
 @lazy_njit(i8(i8, *_SGC_ARGS), inline="always")
 def _sgc_chunk(  # type: ignore[no-untyped-def]
     c, directory, table_keys, q, bits, keys, bounds, weights, combiner, max_norm,
     init_kind, init_seed, init_a, init_b, out,
 ):  # fmt: skip
-    # cpu.lowp_gather._pgc_chunk over a frozen table: each row dequantised into a one-row
-    # scratch as it is read, scaled and added to its bag
+    # cpu.lowp_gather._pgc_chunk over a frozen table. Without max_norm, each row is
+    # dequantised straight into its bag's sum (add_dequantized); with it, into a one-row
+    # scratch first, whose norm says the row's scale.
     n_bags = bounds.shape[0] - 1
     dim = out.shape[1]
     b0 = c * BAG_CHUNK
@@ -130,6 +153,7 @@ def _sgc_chunk(  # type: ignore[no-untyped-def]
     rows = np.empty(hi - lo, np.int64)
     search_range(directory, table_keys, q, keys, lo, hi, rows)
     scratch = np.empty((1, dim), np.float32)
+    clip = max_norm != np.inf
     missing = 0
     for b in range(b0, b_end):
         for j in range(dim):
@@ -140,6 +164,9 @@ def _sgc_chunk(  # type: ignore[no-untyped-def]
             if r < 0:
                 missing += 1
             if div == 0.0:
+                continue
+            if r >= 0 and not clip:
+                add_dequantized(q, r, bits, np.float32(weights[p] / div), out, b)
                 continue
             if r < 0:
                 default_row(init_kind, init_seed, init_a, init_b, np.uint64(keys[p]), scratch, 0)
