@@ -164,6 +164,20 @@ def test_settings_serve_quantised(published) -> None:
             assert client.get(f"/v1/dashboard/tables/item/{view}").status_code == 200
 
 
+def test_the_environment_says_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evdb.api.settings import get_settings
+
+    monkeypatch.setenv("EVDB_FOLLOW_ROOT", str(tmp_path))
+    monkeypatch.setenv("EVDB_FOLLOW_DTYPE", "int4")
+    monkeypatch.setenv("EVDB_FOLLOW_CACHE", str(tmp_path / "cache"))
+    get_settings.cache_clear()
+    try:
+        settings = get_settings()
+        assert (settings.follow_dtype, settings.follow_cache) == ("int4", tmp_path / "cache")
+    finally:
+        get_settings.cache_clear()
+
+
 def test_a_bad_dtype_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="follow_dtype must be one of float32, int8, int4"):
         Settings(follow_root=tmp_path, follow_dtype="int16")
