@@ -92,7 +92,36 @@ def test_rounding_bits_are_a_function_of_seed_key_step_and_column(k, rng, fmt: s
     np.testing.assert_array_equal(first, stored(1, 10, shuffled))  # whatever the batch order
     assert (first != stored(2, 10, ident)).mean() > 0.3  # another seed draws other bits
     assert (first != stored(1, 11, ident)).mean() > 0.3  # so does another step
-    assert (first[:, 0] != first[:, 1]).mean() > 0.3  # and another column (same value there)
+    for c in range(5):  # and another column (same value there), in a group of four or not
+        assert (first[:, c] != first[:, c + 1]).mean() > 0.3, c
+
+
+@pytest.mark.parametrize("fmt", sorted(HALF))
+def test_a_columns_bits_do_not_depend_on_the_rows_width(k, rng, fmt: str) -> None:
+    # Column c draws the same bits in a row of any width: the half optimizer slots are
+    # columns dim.. of one record with the row, and a row's rounding must not change with them.
+    wide = np.tile(between_halves(rng, 11, fmt), (300, 1))
+    keys = rng.integers(-(2**63), 2**63 - 1, 300, dtype=np.int64)
+    rows = np.arange(300, dtype=np.int64)
+    stored = {}
+    for width in (5, 11):
+        out = np.zeros((300, width), HALF[fmt])
+        k.round_rows(np.ascontiguousarray(wide[:, :width]), rows, keys, 3, 8, True, out)
+        stored[width] = out.view(np.uint16)
+    np.testing.assert_array_equal(stored[5], stored[11][:, :5])
+
+
+def test_float16_subnormals_round_unbiased_to_within_the_bound(k, rng) -> None:
+    # Below 2^-14 float16 cuts off more than the 16 random bits resolve: P(up) is the
+    # fraction rounded up to a multiple of 2^-16, still far inside the bound, and nearest
+    # still fails it.
+    tiny_ulp = 2.0**-24
+    x = ((rng.integers(1, 1000, 16) + rng.uniform(0.2, 0.8, 16)) * tiny_ulp).astype(np.float32)
+    x *= rng.choice(np.array([-1, 1], np.float32), 16)
+    sr = (round_many(k, x, "float16", True) - x).mean(axis=0) / tiny_ulp
+    rn = (round_many(k, x, "float16", False) - x).mean(axis=0) / tiny_ulp
+    assert np.abs(sr).max() < BIAS_BOUND, sr
+    assert (np.abs(rn) > BIAS_BOUND).all(), rn
 
 
 def test_round_to_nearest_is_numpy_float16_and_torch_bfloat16(k, rng) -> None:

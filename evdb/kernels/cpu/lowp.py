@@ -315,10 +315,12 @@ def _redo_tiny(x, base, stochastic, out, r):  # type: ignore[no-untyped-def]
 @njit(inline="always", **OPTS)
 def narrow_row(x, base, stochastic, fmt, out, r):  # type: ignore[no-untyped-def]
     """out[r] = row x (float32 or float64, taken as float32) rounded to format fmt,
-    stochastically with the bits of the row whose base is ``base``, without scratch
-    (``narrow_row_with`` is faster where the caller keeps scratch): one loop per format and
-    rounding, each branch-free, one mix64 for each four columns. float16 subnormals, rare,
-    are redone after the loop by the exact float64 rule."""
+    stochastically with the bits of the row whose base is ``base``: one loop per format and
+    rounding, each branch-free, the stochastic ones a mix64 for each four columns, whose
+    16-bit slices go to them. float16 subnormals, rare, are redone after the loop by the
+    exact float64 rule. (Two passes over per-chunk scratch, the row's float32 bits and its
+    hashes viewed as uint16, ran a lone row faster, 26 ns against 38 at dim 64, but not a
+    fused update's: 3-15% slower there.)"""
     dim = x.shape[0]
     zero = np.uint64(0)
     n_tiny = 0
@@ -345,51 +347,6 @@ def narrow_row(x, base, stochastic, fmt, out, r):  # type: ignore[no-untyped-def
         _redo_tiny(x, base, stochastic, out, r)
 
 
-@njit(inline="always", **OPTS)
-def narrow_scratch(dim):  # type: ignore[no-untyped-def]
-    """Scratch for narrow_row_with on rows of dim columns, made once per chunk of rows: (a
-    row's float32 bits, its hashes, their uint16 view: the columns' random bits, in
-    little-endian order)."""
-    hashes = np.empty((dim + 3) // 4, np.uint64)
-    return np.empty(dim, np.uint32), hashes, hashes.view(np.uint16)
-
-
-@njit(inline="always", **OPTS)
-def narrow_row_with(x, base, stochastic, fmt, out, r, xb, hashes, bits):  # type: ignore[no-untyped-def]
-    """narrow_row in two passes over ``xb, hashes, bits = narrow_scratch(dim)``: the row's
-    float32 bits and its hashes (a loop as wide as the hashes), then the rounding in 32-bit
-    lanes (the float64 row no longer sets the loop's width). A dim-64 bfloat16 row: 26 ns
-    stochastic, 19 to nearest; narrow_row 38 and 18, and a mix64 a column took 39. The scratch
-    comes in as plain arrays and the float16 redo is written out here: a view, a tuple or an
-    inlined call with arrays in a branch cost every row their reference counts (60 ns)."""
-    dim = x.shape[0]
-    n_tiny = 0
-    for j in range(dim):
-        xb[j] = float32_bits(np.float32(x[j]))
-    if stochastic:
-        for q in range(hashes.shape[0]):
-            hashes[q] = group_bits(base, q)
-    if fmt == 0 and stochastic:
-        for j in range(dim):
-            out[r, j] = bfloat16_stochastic(xb[j], bits[j])
-    elif fmt == 0:
-        for j in range(dim):
-            out[r, j] = bfloat16_nearest(xb[j], 0)
-    elif stochastic:
-        for j in range(dim):
-            out[r, j] = float16_normal_stochastic(xb[j], bits[j])
-            n_tiny += is_float16_tiny(xb[j])
-    else:
-        for j in range(dim):
-            out[r, j] = float16_normal_nearest(xb[j], 0)
-            n_tiny += is_float16_tiny(xb[j])
-    if n_tiny:  # float16's subnormals, rare: the exact float64 rule
-        for j in range(dim):
-            if is_float16_tiny(xb[j]):
-                rb = np.uint64(bits[j]) if stochastic else np.uint64(0)
-                out[r, j] = float16_bits(xb[j], rb, stochastic)
-
-
 # -- round and widen ----------------------------------------------------------------------
 _ROUND_SIG = types.void(F4_2D, I8, I8, u8, i8, b1, i8, U2_2D)
 
@@ -397,12 +354,10 @@ _ROUND_SIG = types.void(F4_2D, I8, I8, u8, i8, b1, i8, U2_2D)
 @lazy_njit(types.void(i8, F4_2D, I8, I8, u8, i8, b1, i8, U2_2D), inline="always")
 def _round_chunk(c, values, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
     salt = step_salt(seed, step)
-    xb, hashes, bits = narrow_scratch(values.shape[1])
     for i in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, rows.shape[0])):
         r = rows[i]
         if r >= 0:
-            base = row_base(salt, keys[i])
-            narrow_row_with(values[i], base, stochastic, fmt, out, r, xb, hashes, bits)
+            narrow_row(values[i], row_base(salt, keys[i]), stochastic, fmt, out, r)
 
 
 @lazy_njit(_ROUND_SIG)
