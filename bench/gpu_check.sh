@@ -85,7 +85,7 @@ echo "tests: exit $status after $((SECONDS - START)) s"
 # -- 3. the table suite on device 0 ------------------------------------------------------------
 EVDB_REAL_CUPY=1 timeout 90 "$PY" -m pytest -q -p no:cacheprovider -k "not cpu" \
     tests/tiers/test_table_with_hbm.py tests/tiers/test_hbm_device.py tests/gpu/test_table_on_device.py \
-    tests/gpu/test_device_path.py tests/test_torch_device.py \
+    tests/gpu/test_device_path.py tests/test_torch_device.py tests/gpu/test_lowp_on_device.py \
     2>&1 | tee "$LOG/pytest_device0.log" || status=1
 echo "device=0 suite: exit $status after $((SECONDS - START)) s"
 

@@ -434,3 +434,15 @@ def test_a_table_without_a_disk_tier_persists_its_rows_in_its_dtype(tmp_path: Pa
             assert rocks_tier(store, "t", t.config).dtype == "bfloat16"
         finally:
             store.close()
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_push_before_any_row_is_stored_counts_its_rows_dropped(
+    db: evdb.Database, dtype: str
+) -> None:
+    # admission keeps every key out on its first pull: the push finds a tier with no row yet
+    t = half_table(db, dtype, admission=evdb.admission.Counter(min_count=2))
+    p = t.pull(np.array([3, 4]))
+    assert not p.admitted.any()
+    t.push(p, np.ones((p.keys.shape[0], t.dim), np.float32))
+    assert t.stats()["dropped_gradients"] == 2 and len(t) == 0

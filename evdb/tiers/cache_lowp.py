@@ -186,7 +186,8 @@ class LowpColumnCache(ColumnCache):
             rows, self.flags, int(FROZEN), step, version, self.last_step, self.version,
             self.is_dirty,
         )  # fmt: skip
-        keys = self.row_keys[rows]  # rows -1 (dropped, frozen) draw a key they never use
+        # rows -1 (dropped, frozen) draw a key they never use; none stored yet: nothing to draw
+        keys = self.row_keys[rows] if self.row_keys.shape[0] else np.zeros_like(rows)
         self.kernels.segment_sum_apply_lowp(
             grads, positions, bounds, rows, keys, optimizer, hyper, self.seed, step,
             self.stochastic, self.values, self.slots,

@@ -24,7 +24,7 @@ __all__ = ["numba_kernels"]
 
 
 # Host arrays the gpu wrappers take as such: the optimizer's scalars, passed as arguments.
-_HOST_ARGS = {("segment_sum_apply", 5)}
+_HOST_ARGS = {("segment_sum_apply", 5), ("segment_sum_apply_lowp", 6)}
 
 
 def _device_args(name: str, args: tuple[Any, ...]) -> list[Any]:
