@@ -31,6 +31,7 @@ __all__ = ["Compiled", "WarmUp", "cache_dir", "compile_kernel", "kernel_names", 
 # The modules that define kernels (helpers such as _common and libm are inlined into them)
 MODULES = (
     "bags",
+    "bloom",
     "evict",
     "frozen",
     "index",
