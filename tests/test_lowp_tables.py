@@ -141,7 +141,7 @@ def test_a_push_is_the_reference_half_update(
     bounds = np.concatenate([[0], np.cumsum(p.counts)])
     hyper = optimizer.hyper(db.step, t.meta.pushes)
     reference.segment_sum_apply_lowp(
-        grads, positions, bounds, rows, p.keys, optimizer.code, hyper, 5, db.step, True,
+        grads, positions, bounds, rows, tier.row_keys, optimizer.code, hyper, 5, db.step, True,
         values, slots,
     )  # fmt: skip
     np.testing.assert_array_equal(tier.values.view(np.uint16), values.view(np.uint16))

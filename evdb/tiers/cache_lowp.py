@@ -186,10 +186,10 @@ class LowpColumnCache(ColumnCache):
             rows, self.flags, int(FROZEN), step, version, self.last_step, self.version,
             self.is_dirty,
         )  # fmt: skip
-        # rows -1 (dropped, frozen) draw a key they never use; none stored yet: nothing to draw
-        keys = self.row_keys[rows] if self.row_keys.shape[0] else np.zeros_like(rows)
+        # The kernel reads each row's key from the whole column as it reads the row (a
+        # gather of the batch's keys here was a second random pass); rows -1 read nothing
         self.kernels.segment_sum_apply_lowp(
-            grads, positions, bounds, rows, keys, optimizer, hyper, self.seed, step,
+            grads, positions, bounds, rows, self.row_keys, optimizer, hyper, self.seed, step,
             self.stochastic, self.values, self.slots,
         )  # fmt: skip
         return int(dropped), int(frozen)

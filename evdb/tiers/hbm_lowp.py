@@ -193,12 +193,10 @@ class DeviceLowpCache(DeviceCache):
             r, self.flags, int(FROZEN), step, version, self.last_step, self.version,
             self.is_dirty,
         )  # fmt: skip
-        # rows -1 (dropped, frozen) draw a key they never use: the last row's, or none at all
-        # while no row was ever stored (a push whose keys were none of them admitted)
-        keys = self.row_keys[r] if self.row_keys.shape[0] else self._cp.zeros_like(r)
+        # The kernel reads each row's key from the device's key column (rows -1 read none).
         # hyper stays on the host: the gpu kernel takes the optimizer's scalars as arguments
         self.kernels.segment_sum_apply_lowp(
-            self._dev(grads), self._dev(positions), self._dev(bounds), r, keys, optimizer,
+            self._dev(grads), self._dev(positions), self._dev(bounds), r, self.row_keys, optimizer,
             hyper, self.seed, step, self.stochastic, self.values, self.slots,
         )  # fmt: skip
         return int(dropped), int(frozen)

@@ -752,7 +752,7 @@ def segment_sum_apply_lowp(
     slots = rng.uniform(0.1, 1.0, (n_rows, n_slots)).astype(np.float32)
     rows = rng.permutation(n_rows)[:u].astype(np.int64)
     rows[3] = -1
-    keys = random_keys(rng, u)[:u]
+    row_keys = random_keys(rng, n_rows)[:n_rows]  # the key of each row
     n_pos = 40 if size == "small" else 50_000
     inverse = rng.integers(0, u, n_pos).astype(np.int64)
     bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=u))]).astype(np.int64)
@@ -761,7 +761,7 @@ def segment_sum_apply_lowp(
     hyper = np.array(HYPER[kind] + [0.0] * (8 - len(HYPER[kind])))
     values = start.copy()
     k.segment_sum_apply_lowp(
-        grads, positions, bounds, rows, keys, kind, hyper, 77, 12, stochastic, values, slots
+        grads, positions, bounds, rows, row_keys, kind, hyper, 77, 12, stochastic, values, slots
     )
     untouched = np.setdiff1d(np.arange(n_rows), rows[rows >= 0])
     np.testing.assert_array_equal(_half_bits(values[untouched]), _half_bits(start[untouched]))

@@ -180,7 +180,7 @@ def test_half_update_refuses_a_kind_without_a_half_variant(k) -> None:
     args = (np.zeros((1, 3), np.float32), np.zeros(1, np.int64), np.array([0, 1]))
     with pytest.raises(InvalidArgumentError, match=r"kind: .*expected one of \(0, 1, 2, 6\)"):
         k.segment_sum_apply_lowp(
-            *args, np.zeros(1, np.int64), np.zeros(1, np.int64), OptimizerKind.FTRL,
+            *args, np.zeros(1, np.int64), np.zeros(2, np.int64), OptimizerKind.FTRL,
             np.zeros(8), 0, 0, True, values, slots,
         )  # fmt: skip
     assert not values.any() and not slots.any()
@@ -201,7 +201,7 @@ def test_widening_every_float16_and_bfloat16_pattern_is_exact(k) -> None:
 def _update_case(
     rng: np.random.Generator, fmt: str, n: int, dim: int, kind: int
 ) -> tuple[np.ndarray, ...]:
-    """(grads, positions, bounds, rows, keys, hyper, start, slots): n rows of awkward values
+    """(grads, positions, bounds, rows, row_keys, hyper, start, slots): n rows of awkward values
     (float16 subnormals, values near float16's overflow, ties), one position a row, so every
     backend sums nothing and computes the same float64 rule."""
     from tests.kernels.cases import HYPER, SLOTS, awkward_floats
@@ -268,6 +268,62 @@ def test_half_update_is_the_float32_update_rounded(k, rng, fmt: str, kind: int) 
     k.round_rows(full, every, every, 0, 0, False, rounded)
     np.testing.assert_array_equal(half.view(np.uint16), rounded.view(np.uint16))
     np.testing.assert_array_equal(half_slots, full_slots)
+
+
+@pytest.mark.parametrize("fmt", sorted(HALF))
+@pytest.mark.parametrize("n", [40, 3000])  # the serial and the parallel driver
+def test_half_update_rounds_each_row_with_the_key_stored_at_it(k, rng, fmt: str, n: int) -> None:
+    # row_keys is the tier's key column: a row's random bits come from row_keys[row], not from
+    # its place in the batch. The batch reversed stores the same bits; a new key at one
+    # updated row changes that row only; a key at a row the batch leaves alone changes nothing.
+    grads, positions, bounds, rows, row_keys, hyper, start, slots = _update_case(
+        rng, fmt, n, 9, OptimizerKind.ROWWISE_ADAGRAD
+    )
+
+    def update(rows: np.ndarray, positions: np.ndarray, row_keys: np.ndarray) -> np.ndarray:
+        values = start.copy()
+        k.segment_sum_apply_lowp(
+            grads, positions, bounds, rows, row_keys, OptimizerKind.ROWWISE_ADAGRAD, hyper,
+            5, 7, True, values, slots.copy(),
+        )  # fmt: skip
+        return values.view(np.uint16)
+
+    # the batch leaves the last row alone (one position a row: bounds[u] = u)
+    rows, positions, bounds = rows[:-1], positions[:-1], bounds[:-1]
+    want = update(rows, positions, row_keys)
+    assert (want != start.view(np.uint16)).mean() > 0.5  # the rows moved
+    backwards = (np.ascontiguousarray(rows[::-1]), np.ascontiguousarray(positions[::-1]))
+    np.testing.assert_array_equal(update(*backwards, row_keys), want)
+    other = row_keys.copy()
+    other[rows[0]] ^= 0x5A5A5A5A5A5A5A5A
+    got = update(rows, positions, other)
+    assert (got[rows[0]] != want[rows[0]]).any()
+    got[rows[0]] = want[rows[0]]
+    np.testing.assert_array_equal(got, want)
+    left_alone = np.setdiff1d(np.arange(n), rows)[0]
+    other = row_keys.copy()
+    other[left_alone] ^= 0x5A5A5A5A5A5A5A5A
+    np.testing.assert_array_equal(update(rows, positions, other), want)
+
+
+def test_half_update_refuses_row_keys_that_are_not_a_key_a_row(k) -> None:
+    # The kernels read row_keys[rows[u]] unchecked: one key for each of values' rows, or none
+    values = np.zeros((4, 3), np.uint16)
+    slots = np.zeros((4, 1), np.float32)
+    args = (np.ones((1, 3), np.float32), np.zeros(1, np.int64), np.array([0, 1]))
+    for row_keys in (np.zeros(3, np.int64), np.zeros((4, 1), np.int64)):
+        with pytest.raises(InvalidArgumentError, match=r"row_keys: expected the key of each of"):
+            k.segment_sum_apply_lowp(
+                *args, np.array([3]), row_keys, OptimizerKind.ROWWISE_ADAGRAD, np.ones(8), 0, 0,
+                True, values, slots,
+            )  # fmt: skip
+        assert not values.any() and not slots.any()
+    # a tier with no row yet: every row -1 (kept out by admission), no key to read
+    none = (np.zeros((0, 3), np.uint16), np.zeros((0, 1), np.float32))
+    k.segment_sum_apply_lowp(
+        *args, np.array([-1]), np.zeros(0, np.int64), OptimizerKind.ROWWISE_ADAGRAD, np.ones(8),
+        0, 0, True, *none,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("fmt", sorted(HALF))

@@ -43,15 +43,15 @@ def rounded(x: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def update_case(rng: np.random.Generator, fmt: str, n: int, dim: int, kind: int, reps: int):  # type: ignore[no-untyped-def]
-    """(grads, positions, bounds, rows, keys, hyper, values, slots): n rows in a table of
-    n + 7, each with ``reps`` positions (so both drivers' sums run), half values and half
-    slots (positive: accumulators and second moments are)."""
+    """(grads, positions, bounds, rows, row_keys, hyper, values, slots): n rows in a table of
+    n + 7 (row_keys: a key for each), each with ``reps`` positions (so both drivers' sums
+    run), half values and half slots (positive: accumulators and second moments are)."""
     n_rows = n + 7
     values = rounded(rng.standard_normal((n_rows, dim)), fmt)
     slots = rounded(rng.uniform(0.05, 2.0, (n_rows, n_slots(kind, dim))), fmt)
     rows = rng.permutation(n_rows)[:n].astype(np.int64)
     rows[1] = -1  # a dropped row: untouched
-    keys = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
+    keys = rng.integers(-(2**63), 2**63 - 1, n_rows, dtype=np.int64)
     inverse = np.repeat(np.arange(n, dtype=np.int64), reps)
     positions = rng.permutation(inverse.shape[0]).astype(np.int64)
     order = np.argsort(inverse[positions], kind="stable")
@@ -156,7 +156,7 @@ def test_stochastic_slots_let_tiny_increments_add_up(backend_name: str, fmt: str
 def test_slots_of_another_dtype_are_refused_and_nothing_changes(backend_name: str) -> None:
     k = backend(backend_name)
     args = (np.ones((1, 3), np.float32), np.zeros(1, np.int64), np.array([0, 1]))
-    rest = (np.zeros(1, np.int64), np.zeros(1, np.int64), OptimizerKind.ADAGRAD, np.ones(8))
+    rest = (np.zeros(1, np.int64), np.zeros(2, np.int64), OptimizerKind.ADAGRAD, np.ones(8))
     for values, slots in (
         (np.zeros((2, 3), np.uint16), np.zeros((2, 3), np.float16)),  # bfloat16 / float16
         (np.zeros((2, 3), np.float16), np.zeros((2, 3), np.float64)),

@@ -14,6 +14,7 @@ from evdb.kernels.cpu._common import (
     F4_2D,
     F8,
     I8,
+    I8_2D,
     OPTS,
     PARALLEL_MIN_KEYS,
     b1,
@@ -32,19 +33,20 @@ from evdb.kernels.cpu.lowp import (
 )
 from evdb.kernels.cpu.optim import sum_gradient, update_row
 from evdb.kernels.reference.lowp import half_format
-from evdb.kernels.reference.lowp_optim import check_lowp_kind, has_half_slots
+from evdb.kernels.reference.lowp_optim import check_lowp_kind, check_row_keys, has_half_slots
 
 __all__ = ["segment_sum_apply_lowp"]
 
 ROW_CHUNK = 64  # rows per task: the scratch rows are allocated once per chunk
 PREFETCH_AHEAD = 8  # rows between a prefetch and its use, as cpu.optim
 
-_ARGS = (F4_2D, I8, I8, I8, I8, i8, F8, u8, i8, b1, i8, U2_2D, F4_2D)
+# row_keys comes as its (R, 1) view: the prefetch intrinsic addresses 2-d arrays
+_ARGS = (F4_2D, I8, I8, I8, I8_2D, i8, F8, u8, i8, b1, i8, U2_2D, F4_2D)
 
 
 @lazy_njit(types.void(i8, *_ARGS), inline="always")
 def _apply_lowp_chunk(  # type: ignore[no-untyped-def]
-    c, grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt,
+    c, grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
     values, slots,
 ):  # fmt: skip
     # Rows are distinct, so chunks never touch the same row: no atomics (as cpu.optim).
@@ -61,6 +63,7 @@ def _apply_lowp_chunk(  # type: ignore[no-untyped-def]
                 prefetch(values, ahead, j)
             for j in range(0, slots.shape[1], 16):
                 prefetch(slots, ahead, j)
+            prefetch(row_keys, ahead, 0)  # the row's key: a random read like the row's
         r = rows[u]
         if r < 0:
             continue
@@ -72,7 +75,7 @@ def _apply_lowp_chunk(  # type: ignore[no-untyped-def]
             for j in range(dim):
                 w[j] = bits_float32(widen_bits(values[r, j], 1))
         update_row(kind, hyper, w, g, slots, r)
-        base = row_base(salt, keys[u]) if stochastic else np.uint64(0)
+        base = row_base(salt, row_keys[r, 0]) if stochastic else np.uint64(0)
         narrow_row(w, base, stochastic, fmt, values, r)
 
 
@@ -93,7 +96,7 @@ def widen_into(src, r, fmt, out):  # type: ignore[no-untyped-def]
 
 @lazy_njit(types.void(i8, *_ARGS_HALF_SLOTS), inline="always")
 def _apply_lowp_slots_chunk(  # type: ignore[no-untyped-def]
-    c, grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt,
+    c, grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
     values, slots,
 ):  # fmt: skip
     # _apply_lowp_chunk with half slots: the slots are widened into float32 scratch (the
@@ -114,6 +117,7 @@ def _apply_lowp_slots_chunk(  # type: ignore[no-untyped-def]
                 prefetch(values, ahead, j)
             for j in range(0, n_slots, 32):
                 prefetch(slots, ahead, j)
+            prefetch(row_keys, ahead, 0)
         r = rows[u]
         if r < 0:
             continue
@@ -125,7 +129,7 @@ def _apply_lowp_slots_chunk(  # type: ignore[no-untyped-def]
             record[j] = w[j]
         for j in range(n_slots):
             record[dim + j] = s[0, j]
-        base = row_base(salt, keys[u]) if stochastic else np.uint64(0)
+        base = row_base(salt, row_keys[r, 0]) if stochastic else np.uint64(0)
         narrow_row(record, base, stochastic, fmt, stored, 0)
         for j in range(dim):
             values[r, j] = stored[0, j]
@@ -135,55 +139,60 @@ def _apply_lowp_slots_chunk(  # type: ignore[no-untyped-def]
 
 @lazy_njit(types.void(*_ARGS_HALF_SLOTS))
 def _segment_sum_apply_lowp_slots_serial(  # type: ignore[no-untyped-def]
-    grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt, values, slots
-):
+    grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
+    values, slots,
+):  # fmt: skip
     for c in range((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
         _apply_lowp_slots_chunk(
-            c, grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt,
+            c, grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
             values, slots,
         )  # fmt: skip
 
 
 @lazy_njit(types.void(*_ARGS_HALF_SLOTS), parallel=True)
 def _segment_sum_apply_lowp_slots_parallel(  # type: ignore[no-untyped-def]
-    grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt, values, slots
-):
+    grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
+    values, slots,
+):  # fmt: skip
     for c in prange((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
         _apply_lowp_slots_chunk(
-            c, grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt,
+            c, grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
             values, slots,
         )  # fmt: skip
 
 
 @lazy_njit(types.void(*_ARGS))
 def _segment_sum_apply_lowp_serial(  # type: ignore[no-untyped-def]
-    grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt, values, slots
-):
+    grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
+    values, slots,
+):  # fmt: skip
     for c in range((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
         _apply_lowp_chunk(
-            c, grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt,
+            c, grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
             values, slots,
         )  # fmt: skip
 
 
 @lazy_njit(types.void(*_ARGS), parallel=True)
 def _segment_sum_apply_lowp_parallel(  # type: ignore[no-untyped-def]
-    grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt, values, slots
-):
+    grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
+    values, slots,
+):  # fmt: skip
     for c in prange((rows.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
         _apply_lowp_chunk(
-            c, grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, fmt,
+            c, grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, fmt,
             values, slots,
         )  # fmt: skip
 
 
 def segment_sum_apply_lowp(  # type: ignore[no-untyped-def]
-    grads, positions, bounds, rows, keys, kind, hyper, seed, step, stochastic, values, slots
+    grads, positions, bounds, rows, row_keys, kind, hyper, seed, step, stochastic, values, slots
 ) -> None:
     """Fused segment-sum + update of half-precision rows (see reference.lowp_optim); slots
     float32 or in the values' format."""
     fmt = 0 if half_format("values", values) == "bfloat16" else 1
     kind = check_lowp_kind(kind)
+    check_row_keys(row_keys, values)
     big = positions.shape[0] >= PARALLEL_MIN_KEYS
     if has_half_slots(values, slots):
         kernel = (
@@ -194,6 +203,6 @@ def segment_sum_apply_lowp(  # type: ignore[no-untyped-def]
         kernel = _segment_sum_apply_lowp_parallel if big else _segment_sum_apply_lowp_serial
     seed = np.uint64(int(seed) & (2**64 - 1))
     kernel(
-        grads, positions, bounds, rows, keys, kind, hyper, seed, step, bool(stochastic), fmt,
-        values.view(np.uint16), slots,
+        grads, positions, bounds, rows, row_keys.reshape(-1, 1), kind, hyper, seed, step,
+        bool(stochastic), fmt, values.view(np.uint16), slots,
     )  # fmt: skip

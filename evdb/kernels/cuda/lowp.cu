@@ -7,7 +7,8 @@
 // float16: fmt 0 or 1; gpu/lowp.py views a float16 array as uint16); float32 rows (n, dim),
 // passed a second time as unsigned bits where a kernel needs NaN payloads; quantised rows
 // (R, stride) bytes: float16 scale, float16 bias, then dim int8 codes or ceil(dim / 2) bytes of
-// int4 codes, low nibble first (reference.lowp); rows, keys (n,) int64; hash index as in
+// int4 codes, low nibble first (reference.lowp); rows, keys (n,) int64 (the update's row_keys
+// (R,) int64, a key for each stored row); hash index as in
 // common.cuh.
 //
 // Bit reinterpretation without intrinsics: float32 bits come in as a second view of the same
@@ -23,7 +24,8 @@
 // (combine, which accumulates in float32 as cpu/lowp_gather.py does), over quantised or
 // half-precision rows; segment_sum_apply_lowp one
 // thread per distinct row with its float64 gradient and row in dynamic shared memory (2 * dim
-// doubles a thread; gpu/lowp.py sizes the block). Rows are distinct within a call (rows of
+// doubles a thread; gpu/lowp.py sizes the block), reading its row's key from the tier's whole
+// key column (row_keys[rows[t]], as it reads the row). Rows are distinct within a call (rows of
 // round_rows and of the update are a batch's distinct rows), so no two threads write one
 // element: no atomics, except the one count of missing keys per thread.
 #include "init.cuh"
@@ -345,10 +347,10 @@ extern "C" __global__ void probe_gather_combine_widened(
 
 extern "C" __global__ void segment_sum_apply_lowp(
     const float* __restrict__ grads, i64 dim, const i64* __restrict__ positions,
-    const i64* __restrict__ bounds, const i64* __restrict__ rows, const i64* __restrict__ keys,
-    i64 u, int kind, double h0, double h1, double h2, double h3, u64 seed, i64 step,
-    int stochastic, int fmt, u16* __restrict__ values, float* __restrict__ slots,
-    i64 n_slots) {
+    const i64* __restrict__ bounds, const i64* __restrict__ rows,
+    const i64* __restrict__ row_keys, i64 u, int kind, double h0, double h1, double h2,
+    double h3, u64 seed, i64 step, int stochastic, int fmt, u16* __restrict__ values,
+    float* __restrict__ slots, i64 n_slots) {
     extern __shared__ double evdb_shared[];
     i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= u || rows[t] < 0) return;
@@ -400,7 +402,7 @@ extern "C" __global__ void segment_sum_apply_lowp(
         double shrink = norm > 0.0 ? fmax(0.0, 1.0 - lr * lasso / norm) : 0.0;
         for (i64 c = 0; c < dim; ++c) w[c] *= shrink;
     }
-    u64 base = evdb_row_base(evdb_step_salt(seed, step), keys[t]);
+    u64 base = evdb_row_base(evdb_step_salt(seed, step), row_keys[r]);
     for (i64 c = 0; c < dim; ++c) {
         float x = (float)w[c];
         // x is no NaN here unless the update made one: its bits matter only for NaN payloads

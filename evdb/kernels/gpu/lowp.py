@@ -27,7 +27,7 @@ from evdb.kernels.gpu.runtime import (
     u64,
 )
 from evdb.kernels.reference.lowp import FLOAT16_MAX, check_bits, quantized_row_bytes
-from evdb.kernels.reference.lowp_optim import check_lowp_kind
+from evdb.kernels.reference.lowp_optim import check_lowp_kind, check_row_keys
 
 __all__ = [
     "dequantize_rows",
@@ -242,7 +242,7 @@ def segment_sum_apply_lowp(
     positions: Any,
     bounds: Any,
     rows: Any,
-    keys: Any,
+    row_keys: Any,
     kind: int,
     hyper: Any,
     seed: int,
@@ -259,7 +259,8 @@ def segment_sum_apply_lowp(
     check_array("positions", positions, np.int64, 1)
     check_array("bounds", bounds, np.int64, 1)
     u = check_array("rows", rows, np.int64, 1).shape[0]
-    check_array("keys", keys, np.int64, 1)
+    check_array("row_keys", row_keys, np.int64, 1)
+    check_row_keys(row_keys, values)
     dim = values.shape[1]
     n_slots = check_array("slots", slots, np.float32, 2).shape[1]
     host = cp.asnumpy(hyper) if isinstance(hyper, cp.ndarray) else np.asarray(hyper)
@@ -273,7 +274,7 @@ def segment_sum_apply_lowp(
     if u == 0:
         return
     block = max(1, min(BLOCK, SHARED_BYTES // max(per_thread, 1)))
-    args = (grads, i64(dim), positions, bounds, rows, keys, i64(u), i32(kind))
+    args = (grads, i64(dim), positions, bounds, rows, row_keys, i64(u), i32(kind))
     tail = (u64(seed), i64(step), i32(bool(stochastic)), fmt, bits, slots, i64(n_slots))
     launch(
         cuda_kernel("lowp", "segment_sum_apply_lowp"),
