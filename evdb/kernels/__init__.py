@@ -3,8 +3,9 @@
 ``backend("reference")`` is the numpy specification, ``backend("cpu")`` the numba kernels and
 ``backend("gpu")`` the CUDA kernels (cupy arrays in and out; it raises
 :class:`~evdb.errors.ConfigError` with install advice where cupy or a CUDA device is missing).
-Every backend module exports the names in ``KERNELS`` with the same signatures, which is what
-``tests/kernels/test_parity.py``, ``tests/gpu`` and ``bench/`` iterate over.
+Every backend module exports the names in ``KERNELS`` with the same signatures (a device
+backend those not in ``HOST_ONLY_KERNELS``), which is what ``tests/kernels/test_parity.py``,
+``tests/gpu`` and ``bench/`` iterate over.
 
 ``backend`` is the only way in: outside ``evdb/kernels`` and ``evdb/tiers`` no module imports
 a backend module itself. A module that runs host kernels binds the backend once at import, so
@@ -28,7 +29,15 @@ from evdb.errors import ConfigError
 if TYPE_CHECKING:
     from evdb.kernels.warmup import Compiled, WarmUp
 
-__all__ = ["BACKENDS", "DEVICE_BACKENDS", "KERNELS", "OptimizerKind", "backend", "warm_up"]
+__all__ = [
+    "BACKENDS",
+    "DEVICE_BACKENDS",
+    "HOST_ONLY_KERNELS",
+    "KERNELS",
+    "OptimizerKind",
+    "backend",
+    "warm_up",
+]
 
 KERNELS = (
     "bloom_add",
@@ -52,6 +61,8 @@ KERNELS = (
     "probe_gather_widened",
     "quantize_rows",
     "round_rows",
+    "search_gather_combine_dequantized",
+    "search_gather_dequantized",
     "segment_sum_apply",
     "segment_sum_apply_lowp",
     "sketch_add",
@@ -67,6 +78,9 @@ KERNELS = (
 BACKENDS = ("reference", "cpu")
 # Device backends: arrays live on the device; they need an optional install and hardware.
 DEVICE_BACKENDS = ("gpu",)
+# Kernels of the host backends only, which device backends need not export: the lookups in a
+# frozen (quantised serving) table, a memory-mapped file that no device tier holds.
+HOST_ONLY_KERNELS = ("search_gather_combine_dequantized", "search_gather_dequantized")
 
 
 class OptimizerKind:

@@ -666,6 +666,62 @@ def probe_gather_combine_dequantized(
     return int(missing), out
 
 
+def frozen_table(
+    rng: np.random.Generator, n: int, dim: int, bits: int, k: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(directory, keys, q) of a frozen table of n random rows (``reference.frozen``'s
+    layout: keys in mix64 order, a bucket directory; rows 16-byte aligned)."""
+    from evdb.kernels.reference.frozen import bucket_count, frozen_order
+
+    keys = random_keys(rng, n)
+    _, q = quantized_table(rng, keys.shape[0], dim, bits, k)
+    order, directory = frozen_order(keys, bucket_count(keys.shape[0]))
+    return directory, keys[order], np.ascontiguousarray(q[order])
+
+
+@case("search_gather_dequantized", bits=[8, 4], n_probe=[0, 1, 999, 40_000])
+def search_gather_dequantized(k: Any, rng: np.random.Generator, bits: int, n_probe: int) -> Results:
+    dim = 9
+    directory, stored, q = frozen_table(rng, 400, dim, bits, k)
+    pool = np.concatenate([stored, random_keys(rng, 300)])
+    probe = pool[rng.integers(0, pool.shape[0], n_probe)]
+    out = np.full((n_probe, dim), np.nan, np.float32)
+    out_rows = np.empty(n_probe, np.int64)
+    missing = k.search_gather_dequantized(directory, stored, q, bits, probe, out, out_rows)
+    if n_probe > 100:
+        assert 0 < missing < n_probe
+    assert np.isnan(out[out_rows < 0]).all()  # untouched where not found
+    return int(missing), out, out_rows
+
+
+@case(
+    "search_gather_combine_dequantized",
+    rtol=RTOL,
+    atol=ATOL,
+    bits=[8, 4],
+    combiner=[0, 1, 2],
+    max_norm=[INF, 0.5],
+    n_bags=[300, 12_000],
+)
+def search_gather_combine_dequantized(
+    k: Any, rng: np.random.Generator, bits: int, combiner: int, max_norm: float, n_bags: int
+) -> Results:
+    dim = 9
+    directory, stored, q = frozen_table(rng, 500, dim, bits, k)
+    bounds = random_bags(rng, n_bags, 6)
+    pool = np.concatenate([stored, random_keys(rng, 100)])
+    keys = pool[rng.integers(0, pool.shape[0], int(bounds[-1]))]
+    weights = weights_for(rng, bounds, True)
+    out = np.full((bounds.shape[0] - 1, dim), np.nan, np.float32)
+    missing = k.search_gather_combine_dequantized(
+        directory, stored, q, bits, keys, bounds, weights, combiner, max_norm,
+        2, np.uint64(3), -0.25, 0.5, out,
+    )  # fmt: skip
+    assert missing > 0
+    assert (out[np.diff(bounds) == 0] == 0).all()
+    return int(missing), out
+
+
 def half_table(rng: np.random.Generator, n: int, dim: int, fmt: str) -> np.ndarray:
     """(n, dim) random rows stored in fmt (float16, or bfloat16 as uint16 bits)."""
     x = rng.standard_normal((n, dim)).astype(np.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from evdb.kernels.cpu import _cache  # noqa: F401 (first: it drops a stale kernel cache)
 from evdb.kernels.cpu.bags import combine_backward, gather_combine, probe_gather_combine
 from evdb.kernels.cpu.evict import victim_candidates
+from evdb.kernels.cpu.frozen import search_gather_combine_dequantized, search_gather_dequantized
 from evdb.kernels.cpu.index import (
     bloom_add,
     bloom_query,
@@ -59,6 +60,8 @@ __all__ = [
     "probe_gather_widened",
     "quantize_rows",
     "round_rows",
+    "search_gather_combine_dequantized",
+    "search_gather_dequantized",
     "segment_sum_apply",
     "segment_sum_apply_lowp",
     "sketch_add",

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from evdb.kernels.reference.bags import combine_backward, gather_combine, probe_gather_combine
 from evdb.kernels.reference.evict import victim_candidates
+from evdb.kernels.reference.frozen import (
+    search_gather_combine_dequantized,
+    search_gather_dequantized,
+)
 from evdb.kernels.reference.index import (
     bloom_add,
     bloom_query,
@@ -65,6 +69,8 @@ __all__ = [
     "probe_gather_widened",
     "quantize_rows",
     "round_rows",
+    "search_gather_combine_dequantized",
+    "search_gather_dequantized",
     "segment_sum_apply",
     "segment_sum_apply_lowp",
     "sketch_add",
