@@ -3,8 +3,8 @@
 The kernels (``unique_inverse``, ``unique_rows``) need an empty open-addressing index twice the
 batch size and, for pulls, a mark per DRAM row; both are kept between calls (the kernels leave
 them empty), because a fresh 134 MB index cost 50 ms of page faults per 2M keys. A pull that
-a key trace records deduplicates and samples in one pass (``unique_sampled``, in
-``evdb.sizing_kernels``), through the same scratch.
+a key trace records deduplicates and samples in one pass (the ``unique_sampled`` kernel),
+through the same scratch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import numpy as np
 
 from evdb._types import Int64Array
 from evdb.kernels import backend
-from evdb.sizing_kernels import unique_sampled
 
 cpu = backend("cpu")  # bound once: a call costs one attribute lookup
 
@@ -87,7 +86,7 @@ class Deduper:
         inverse = np.empty(n, dtype=np.int64)
         counts = np.empty(n, dtype=np.int64)
         kept, hashes = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.uint64)
-        u, k, m = unique_sampled(
+        u, k, m = cpu.unique_sampled(
             keys, salt, threshold, self.scratch, uniq, inverse, counts, kept, hashes
         )
         # a small kept part is copied, so the trace's buffer does not hold all n keys

@@ -10,10 +10,8 @@
   positions that marks each key's latest access: O(n log n). An LRU cache of C rows hits an
   access exactly when its distance is < C (Mattson et al. 1970).
 
-- ``unique_sampled``: a pull's dedup and its sampling in one pass (``evdb.dedup``): each key
-  hashed once, by the salted hash that both picks its slot in the dedup's scratch index and
-  decides whether it is kept, so a key's sample decision costs one compare per distinct key
-  and a store per position, in a loop that waits on the index anyway.
+- A recorded pull samples in its dedup pass instead (``unique_sampled``, a dedup kernel in
+  ``evdb.kernels``, which a table runs), with the same hash and threshold.
 
 - ``sample_hashed_into`` and ``smallest_add``: a recorder's ``min_keys`` (fixed-size SHARDS,
   ``evdb.trace_sample``): the kept keys with their hashes, and the ``min_keys`` smallest
@@ -34,14 +32,10 @@ from contextlib import contextmanager
 
 import numba
 import numpy as np
-from llvmlite import binding as llvm
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
 
 from evdb._types import Int64Array
-from evdb.kernels.hashing import mix64_np
+from evdb.kernels.hashing import SAMPLE_BITS, mix64_np
 
 __all__ = [
     "SPARSE_THRESHOLD",
@@ -56,11 +50,9 @@ __all__ = [
     "smallest_add",
     "stack_distances",
     "stack_distances_reference",
-    "unique_sampled",
-    "unique_sampled_reference",
 ]
 
-THRESHOLD_BITS = 53  # a key is kept when (hash >> 11) < threshold, threshold in [0, 2**53]
+THRESHOLD_BITS = SAMPLE_BITS  # kept when (hash >> 11) < threshold, threshold in [0, 2**53]
 _SHIFT = np.uint64(64 - THRESHOLD_BITS)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -312,119 +304,3 @@ def smallest_add(hashes, n, heap, size, table):  # type: ignore[no-untyped-def]
             heap[p] = h
             size += 1
     return size
-
-
-# -- a pull's dedup, sampled (evdb.dedup) ----------------------------------------------------
-def unique_sampled_reference(
-    keys: Int64Array, salt: int, threshold: int
-) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array, np.ndarray]:
-    """The distinct keys in first-occurrence order, the inverse, the counts (as
-    ``evdb.kernels``' ``unique_inverse``), the kept keys (``sample_keys_reference``) and the
-    53-bit hashes (uint64) of the kept distinct keys, in first-occurrence order."""
-    uniq, first, inverse, counts = np.unique(
-        keys, return_index=True, return_inverse=True, return_counts=True
-    )
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.shape[0])
-    uniq, counts, inverse = uniq[order], counts[order], rank[inverse.reshape(-1)]
-    hashes = mix64_np(uniq.view(np.uint64) ^ np.uint64(salt)) >> _SHIFT
-    keep = hashes < np.uint64(threshold)
-    return uniq, inverse, counts, keys[keep[inverse]], hashes[keep]
-
-
-# LLVM 15+ names the prefetch intrinsic by opaque pointer ("p0"), older ones by "p0i8". The
-# kernels' own (evdb.kernels.cpu._common.prefetch) is a backend's, which this layer does not
-# import (tests/test_layers.py): this is its read-only, 2-d case.
-_PREFETCH = "llvm.prefetch.p0" if llvm.llvm_version_info[0] >= 15 else "llvm.prefetch.p0i8"
-
-
-@intrinsic
-def _prefetch(typingctx, arr, i, j):  # type: ignore[no-untyped-def]
-    """Hint the cache to fetch arr[i, j] for reading."""
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(  # type: ignore[no-untyped-call]
-            context, builder, aryty, ary, args[1:], wraparound=False
-        )
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, _PREFETCH)  # type: ignore[no-untyped-call]
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
-
-    return types.void(arr, i, j), codegen
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _mix(key, salt):  # type: ignore[no-untyped-def]
-    x = np.uint64(key) ^ salt
-    x ^= x >> _S30
-    x *= _M1
-    x ^= x >> _S27
-    x *= _M2
-    return x ^ (x >> _S31)
-
-
-_AHEAD = 16  # keys hashed ahead of their probe (a power of two)
-
-
-# The scratch index is the Deduper's (scratch[:, 1] = -1 empty on entry, left so on exit), as
-# unique_inverse's, but a slot holds 2 * position + kept: a repeat reads its key's decision
-# in the load that finds it. The home slot is the low bits of the sampling hash, so a key is
-# hashed once, _AHEAD keys before its probe, and its slot prefetched then (unique_inverse
-# hashes twice). Without the prefetch, in a training step (the scratch out of cache) the
-# recorded pull's dedup took 25 us longer than unique_inverse (median of 1,024 steps of
-# 8,192 Zipf keys), 6-8 us with it; on its own, scratch in cache, it was as fast.
-@njit(nogil=True, cache=True)
-def unique_sampled(  # type: ignore[no-untyped-def]
-    keys, salt, threshold, scratch, out_unique, out_inverse, out_counts, out_kept, out_hashes
-):
-    """``unique_sampled_reference`` into the caller's arrays (``out_*`` (n,); ``salt`` and
-    ``threshold`` np.uint64; ``scratch`` (cap, 2) int64, cap a power of two >= 2 n):
-    returns (distinct keys u, kept keys, kept distinct keys)."""
-    n = keys.shape[0]
-    mask = np.uint64(scratch.shape[0] - 1)
-    used = np.empty(n, np.int64)  # the slot of each distinct key, cleared at the end
-    ahead = np.empty(_AHEAD, np.uint64)
-    for i in range(min(_AHEAD, n)):
-        ahead[i] = _mix(keys[i], salt)
-        _prefetch(scratch, np.int64(ahead[i] & mask), 0)  # type: ignore[call-arg]
-    u = kept = m = np.int64(0)
-    for i in range(n):
-        key = keys[i]
-        x = ahead[i & (_AHEAD - 1)]
-        if i + _AHEAD < n:
-            y = _mix(keys[i + _AHEAD], salt)
-            ahead[i & (_AHEAD - 1)] = y
-            _prefetch(scratch, np.int64(y & mask), 0)  # type: ignore[call-arg]
-        j = np.int64(x & mask)
-        while True:
-            s = scratch[j, 1]
-            if s < 0:  # a new key: its decision, kept in its slot
-                h = x >> _SHIFT
-                f = np.int64(h < threshold)
-                scratch[j, 0] = key
-                scratch[j, 1] = 2 * u + f
-                used[u] = j
-                out_unique[u] = key
-                out_counts[u] = 1
-                out_hashes[m] = h  # written always, kept by the count
-                m += f
-                pos = u
-                u += 1
-                break
-            if scratch[j, 0] == key:
-                pos = s >> 1
-                f = s & 1
-                out_counts[pos] += 1
-                break
-            j = (j + 1) & np.int64(mask)
-        out_inverse[i] = pos
-        out_kept[kept] = key  # written always, kept by the count (see sample_into)
-        kept += f
-    for k in range(u):
-        scratch[used[k], 1] = -1
-    return u, kept, m

@@ -11,13 +11,8 @@ import pytest
 
 import evdb
 from evdb.dedup import Deduper
-from evdb.kernels import reference
-from evdb.sizing_kernels import (
-    sample_keys_reference,
-    sample_threshold,
-    unique_sampled,
-    unique_sampled_reference,
-)
+from evdb.kernels import backend, reference
+from evdb.sizing_kernels import sample_keys_reference, sample_threshold
 from evdb.table import DEDUP_FIRST_KEYS
 from evdb.trace import KeyRecorder, salt_of
 from evdb.trace_sample import FULL, key_hashes
@@ -41,8 +36,13 @@ def test_unique_sampled_matches_its_reference(seed: int) -> None:
         for threshold in (0, 1, sample_threshold(0.01), sample_threshold(0.4), FULL):
             scratch = np.full((max(16, 1 << (2 * n).bit_length()), 2), -1, np.int64)
             outs = [np.empty(n, np.int64) for _ in range(4)] + [np.empty(n, np.uint64)]
-            u, k, m = unique_sampled(keys, np.uint64(salt), np.uint64(threshold), scratch, *outs)
-            uniq, inverse, counts, kept, hashes = unique_sampled_reference(keys, salt, threshold)
+            args = (keys, np.uint64(salt), np.uint64(threshold), scratch)
+            u, k, m = backend("cpu").unique_sampled(*args, *outs)
+            want = [np.empty(n, np.int64) for _ in range(4)] + [np.empty(n, np.uint64)]
+            assert reference.unique_sampled(*args, *want) == (u, k, m)
+            uniq, inverse, counts, kept, hashes = (
+                want[0][:u], want[1], want[2][:u], want[3][:k], want[4][:m]
+            )  # fmt: skip
             np.testing.assert_array_equal(outs[0][:u], uniq)
             np.testing.assert_array_equal(outs[1], inverse)
             np.testing.assert_array_equal(outs[2][:u], counts)

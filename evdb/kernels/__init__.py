@@ -70,6 +70,7 @@ KERNELS = (
     "stamp_pushed",
     "unique_inverse",
     "unique_rows",
+    "unique_sampled",
     "victim_candidates",
     "widen_rows",
 )
@@ -79,8 +80,13 @@ BACKENDS = ("reference", "cpu")
 # Device backends: arrays live on the device; they need an optional install and hardware.
 DEVICE_BACKENDS = ("gpu",)
 # Kernels of the host backends only, which device backends need not export: the lookups in a
-# frozen (quantised serving) table, a memory-mapped file that no device tier holds.
-HOST_ONLY_KERNELS = ("search_gather_combine_dequantized", "search_gather_dequantized")
+# frozen (quantised serving) table, a memory-mapped file that no device tier holds, and a
+# recorded pull's sampled dedup (a key trace records on the host).
+HOST_ONLY_KERNELS = (
+    "search_gather_combine_dequantized",
+    "search_gather_dequantized",
+    "unique_sampled",
+)
 
 
 class OptimizerKind:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+# A key trace keeps a key when mix64(key ^ salt) >> (64 - SAMPLE_BITS) is under its threshold
+# (evdb.sizing_kernels, and the dedup kernels' unique_sampled)
+SAMPLE_BITS = 53
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)

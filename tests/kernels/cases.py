@@ -206,6 +206,21 @@ def unique_inverse(k: Any, rng: np.random.Generator, n_pool: tuple[int, int]) ->
     return int(u), u_out[:u], inv, cnt[:u]
 
 
+@case("unique_sampled", n_pool=[(0, 1), (1, 1), (5000, 300), (2000, 100_000)], rate=[0, 0.3, 1])
+def unique_sampled(
+    k: Any, rng: np.random.Generator, n_pool: tuple[int, int], rate: float
+) -> Results:
+    n, pool = n_pool
+    keys = random_keys(rng, n, dup_from=pool)[:n]
+    outs = [np.empty(n, np.int64) for _ in range(3)]
+    kept, hashes = np.empty(n, np.int64), np.empty(n, np.uint64)
+    threshold = np.uint64(round(rate * 2**53))  # rate 1 keeps every key
+    scratch = empty_index(16384)
+    u, m, d = k.unique_sampled(keys, np.uint64(0x5EED), threshold, scratch, *outs, kept, hashes)
+    assert (scratch[:, 1] == -1).all()  # left empty for the next call
+    return int(u), outs[0][:u], outs[1], outs[2][:u], kept[:m], hashes[:d]
+
+
 @case("unique_rows", n_pool=[(0, 1), (1, 1), (5000, 300), (3000, 100_000)])
 def unique_rows(k: Any, rng: np.random.Generator, n_pool: tuple[int, int]) -> Results:
     n, pool = n_pool

@@ -24,6 +24,7 @@ from evdb.kernels.cpu.index import (
     sketch_add,
     unique_inverse,
     unique_rows,
+    unique_sampled,
 )
 from evdb.kernels.cpu.init import fill_normal, fill_uniform
 from evdb.kernels.cpu.lowp import dequantize_rows, quantize_rows, round_rows, widen_rows
@@ -69,6 +70,7 @@ __all__ = [
     "stamp_pushed",
     "unique_inverse",
     "unique_rows",
+    "unique_sampled",
     "victim_candidates",
     "widen_rows",
 ]

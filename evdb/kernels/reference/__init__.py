@@ -30,6 +30,7 @@ from evdb.kernels.reference.index import (
     sketch_add,
     unique_inverse,
     unique_rows,
+    unique_sampled,
 )
 from evdb.kernels.reference.init import fill_normal, fill_uniform
 from evdb.kernels.reference.lowp import (
@@ -78,6 +79,7 @@ __all__ = [
     "stamp_pushed",
     "unique_inverse",
     "unique_rows",
+    "unique_sampled",
     "victim_candidates",
     "widen_rows",
 ]

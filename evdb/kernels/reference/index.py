@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from evdb.kernels.hashing import mix64_np
+from evdb.kernels.hashing import SAMPLE_BITS, mix64_np
+
+_SAMPLE_SHIFT = np.uint64(64 - SAMPLE_BITS)  # unique_sampled: a key's sampling hash
 
 PAIR_WORDS = 3  # slots.shape[1] of the pairs layout
 
@@ -171,6 +173,34 @@ def unique_inverse(
     out_counts[:u] = counts[order]
     out_inverse[:] = rank[inverse.reshape(-1)]
     return int(u)
+
+
+def unique_sampled(
+    keys: np.ndarray,
+    salt: np.uint64,
+    threshold: np.uint64,
+    scratch: np.ndarray,
+    out_unique: np.ndarray,
+    out_inverse: np.ndarray,
+    out_counts: np.ndarray,
+    out_kept: np.ndarray,
+    out_hashes: np.ndarray,
+) -> tuple[int, int, int]:
+    """``unique_inverse`` and a key trace's sample in one call (a recorded pull's dedup).
+
+    Besides ``unique_inverse``'s outputs, ``out_kept[:k]`` are the keys (in order, repeats
+    kept) whose sampling hash ``mix64(key ^ salt) >> (64 - SAMPLE_BITS)`` is under
+    ``threshold``, and ``out_hashes[:m]`` (uint64) the hashes of the distinct kept keys in
+    first-occurrence order. Returns (u, k, m). ``scratch`` as for ``unique_inverse``.
+    """
+    u = unique_inverse(keys, scratch, out_unique, out_inverse, out_counts)
+    hashes = mix64_np(out_unique[:u].view(np.uint64) ^ np.uint64(salt)) >> _SAMPLE_SHIFT
+    keep = hashes < np.uint64(threshold)
+    kept = keys[keep[out_inverse]]
+    out_kept[: kept.shape[0]] = kept
+    m = int(np.count_nonzero(keep))
+    out_hashes[:m] = hashes[keep]
+    return u, kept.shape[0], m
 
 
 def sketch_positions(keys: np.ndarray, n_hashes: int, seed: int, width: int) -> np.ndarray:
