@@ -332,12 +332,21 @@ class ColumnCache(CacheTier):
             r, self.flags, int(FROZEN), step, version, self.last_step, self.version,
             self.is_dirty,
         )  # fmt: skip
-        # hyper stays on the host: the gpu kernel takes the optimizer's scalars as arguments
-        self.kernels.segment_sum_apply(
-            self._dev(grads), self._dev(positions), self._dev(bounds), r, optimizer, hyper,
-            self.values, self.slots,
-        )  # fmt: skip
+        self._update(
+            r, self._dev(grads), self._dev(positions), self._dev(bounds), optimizer, hyper, step
+        )
         return int(dropped), int(frozen)
+
+    def _update(
+        self, rows: Any, grads: Any, positions: Any, bounds: Any, optimizer: int, hyper: Any,
+        step: int,
+    ) -> None:  # fmt: skip
+        """``apply``'s fused update of ``rows`` (the tier's arrays: a device tier's on its
+        device); a tier that stores its rows otherwise (half precision) overrides it. ``hyper``
+        stays on the host: the gpu kernel takes the optimizer's scalars as arguments."""
+        self.kernels.segment_sum_apply(
+            grads, positions, bounds, rows, optimizer, hyper, self.values, self.slots
+        )
 
     def live_blocks(
         self, min_live_step: int, block_rows: int

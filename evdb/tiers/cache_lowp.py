@@ -171,28 +171,16 @@ class LowpColumnCache(ColumnCache):
         self._note_pulled(rows, n)
         return n
 
-    def apply(
-        self,
-        rows: Int64Array,
-        grads: Float32Array,
-        positions: Int64Array,
-        bounds: Int64Array,
-        optimizer: int,
-        hyper: Any,
+    def _update(
+        self, rows: Any, grads: Any, positions: Any, bounds: Any, optimizer: int, hyper: Any,
         step: int,
-        version: int,
-    ) -> tuple[int, int]:
-        dropped, frozen = self.kernels.stamp_pushed(
-            rows, self.flags, int(FROZEN), step, version, self.last_step, self.version,
-            self.is_dirty,
-        )  # fmt: skip
+    ) -> None:  # fmt: skip
         # The kernel reads each row's key from the whole column as it reads the row (a
         # gather of the batch's keys here was a second random pass); rows -1 read nothing
         self.kernels.segment_sum_apply_lowp(
             grads, positions, bounds, rows, self.row_keys, optimizer, hyper, self.seed, step,
             self.stochastic, self.values, self.slots,
         )  # fmt: skip
-        return int(dropped), int(frozen)
 
     def live_blocks(
         self, min_live_step: int, block_rows: int

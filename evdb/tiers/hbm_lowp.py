@@ -33,7 +33,7 @@ from evdb.bags import Bags
 from evdb.config import DramConfig
 from evdb.kernels import backend
 from evdb.kernels.reference.lowp import storage_dtype
-from evdb.records import FREQ_MAX, FROZEN, RecordBatch
+from evdb.records import FREQ_MAX, RecordBatch
 from evdb.tiers.cache import ColumnCache
 from evdb.tiers.hbm import DeviceCache, on_device
 
@@ -176,30 +176,16 @@ class DeviceLowpCache(DeviceCache):
         self._note_pulled(rows, n)
         return n
 
-    @on_device
-    def apply(
-        self,
-        rows: Int64Array,
-        grads: Any,
-        positions: Any,
-        bounds: Any,
-        optimizer: int,
-        hyper: Any,
+    def _update(
+        self, rows: Any, grads: Any, positions: Any, bounds: Any, optimizer: int, hyper: Any,
         step: int,
-        version: int,
-    ) -> tuple[int, int]:
-        r = self._dev(rows)
-        dropped, frozen = self.kernels.stamp_pushed(
-            r, self.flags, int(FROZEN), step, version, self.last_step, self.version,
-            self.is_dirty,
-        )  # fmt: skip
-        # The kernel reads each row's key from the device's key column (rows -1 read none).
-        # hyper stays on the host: the gpu kernel takes the optimizer's scalars as arguments
+    ) -> None:  # fmt: skip
+        # called by apply inside the device; the kernel reads each row's key from the device's
+        # key column (rows -1 read none)
         self.kernels.segment_sum_apply_lowp(
-            self._dev(grads), self._dev(positions), self._dev(bounds), r, self.row_keys, optimizer,
-            hyper, self.seed, step, self.stochastic, self.values, self.slots,
+            grads, positions, bounds, rows, self.row_keys, optimizer, hyper, self.seed, step,
+            self.stochastic, self.values, self.slots,
         )  # fmt: skip
-        return int(dropped), int(frozen)
 
     @on_device
     def gather_into(self, out: Any, at: Any, rows: Any) -> None:
