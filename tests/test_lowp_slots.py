@@ -12,7 +12,7 @@ import pytest
 import evdb
 from evdb.errors import ConfigError
 from evdb.kernels import backend
-from evdb.optim import SGD, Adagrad, Adam, RowWiseAdagrad
+from evdb.optim import SGD, Adagrad, Adam
 
 HALF = ["bfloat16", "float16"]
 reference = backend("reference")
@@ -142,34 +142,6 @@ def test_half_slot_records_pack_to_nearest_and_unpack_exactly(slot: str) -> None
 
 
 # -- pushes --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("optimizer", [Adagrad(lr=0.1), Adam(lr=0.01), RowWiseAdagrad(lr=0.1)])
-def test_a_push_is_the_reference_update_of_half_slots(
-    db: evdb.Database, dtype: str, optimizer: evdb.optim.Optimizer
-) -> None:
-    t = slots_table(db, dtype, optimizer=optimizer)
-    db.advance(7)
-    train(t, db, 2)  # slots away from their start
-    tier = t._top
-    keys = np.array([5, 9, 5, 40, 9, 5])
-    p = t.pull(keys)
-    values, slots = tier.values.copy(), tier.slots.copy()
-    start_slots = slots.copy()
-    rows = tier.locate(p.keys)
-    grads = np.random.default_rng(2).normal(size=(keys.shape[0], t.dim)).astype(np.float32)
-    t.push(p, grads, per_position=True)
-    positions = np.argsort(p.inverse, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(p.counts)])
-    hyper = optimizer.hyper(db.step, t.meta.pushes)
-    reference.segment_sum_apply_lowp(
-        grads, positions, bounds, rows, tier.row_keys, optimizer.code, hyper, 5, db.step, True,
-        values, slots,
-    )  # fmt: skip
-    np.testing.assert_array_equal(tier.values.view(np.uint16), values.view(np.uint16))
-    np.testing.assert_array_equal(tier.slots.view(np.uint16), slots.view(np.uint16))
-    assert (slots[rows] != start_slots[rows]).all(axis=1).mean() > 0.5  # slots moved
 
 
 @pytest.mark.parametrize("dtype", HALF)
