@@ -14,6 +14,8 @@ from evdb.errors import ConfigError
 from evdb.kernels import backend
 from evdb.optim import SGD, Adagrad, Adam
 
+from .test_lowp_tables import train
+
 HALF = ["bfloat16", "float16"]
 reference = backend("reference")
 
@@ -27,17 +29,6 @@ def slots_table(
     return db.create_table(
         name, 8, dtype=dtype, slot_dtype=dtype if slot_dtype is None else slot_dtype, **kw
     )  # type: ignore[arg-type]
-
-
-def train(t: evdb.Table, db: evdb.Database, steps: int, seed: int = 0) -> None:
-    """Pull a random batch (repeats included), push the gradient of 0.5 |x - target|^2."""
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        keys = rng.integers(0, 64, size=48)
-        p = t.pull(keys)
-        target = np.sin(p.keys[:, None] + np.arange(t.dim)).astype(np.float32)
-        t.push(p, (p.rows - target).astype(np.float32))
-        db.advance()
 
 
 def records(t: evdb.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
