@@ -3,7 +3,8 @@ each row summed in float64, the rule applied in float64 (``cpu.optim.update_row`
 update's own rules, inlined), the row rounded to float32 and then to its half format
 (stochastically, with the bits of reference.lowp) in the same pass. Half-precision slots
 (in the values' format) are widened into float32 scratch, updated by the same rule, and
-rounded with the row as one record of dim + n_slots columns (narrow_row over the record)."""
+rounded with the row as one record of dim + n_slots columns. Each chunk's updated rows are
+rounded together after its updates (cpu.lowp.narrow_chunk), then stored."""
 
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ from evdb.kernels.cpu._common import (
     u8,
 )
 from evdb.kernels.cpu.lowp import (
+    ROW_CHUNK,
     U2_2D,
     bits_float32,
-    narrow_row,
+    chunk_scratch,
+    float32_bits,
+    narrow_chunk,
     row_base,
     step_salt,
     widen_bits,
@@ -37,11 +41,21 @@ from evdb.kernels.reference.lowp_optim import check_lowp_kind, check_row_keys, h
 
 __all__ = ["segment_sum_apply_lowp"]
 
-ROW_CHUNK = 64  # rows per task: the scratch rows are allocated once per chunk
 PREFETCH_AHEAD = 8  # rows between a prefetch and its use, as cpu.optim
 
 # row_keys comes as its (R, 1) view: the prefetch intrinsic addresses 2-d arrays
 _ARGS = (F4_2D, I8, I8, I8, I8_2D, i8, F8, u8, i8, b1, i8, U2_2D, F4_2D)
+
+
+@njit(inline="always", **OPTS)
+def widen_into(src, r, fmt, out):  # type: ignore[no-untyped-def]
+    """out[j] = half row src[r] widened, as float32 or float64 (a loop per format)."""
+    if fmt == 0:
+        for j in range(src.shape[1]):
+            out[j] = bits_float32(widen_bits(src[r, j], 0))
+    else:
+        for j in range(src.shape[1]):
+            out[j] = bits_float32(widen_bits(src[r, j], 1))
 
 
 @lazy_njit(types.void(i8, *_ARGS), inline="always")
@@ -53,9 +67,11 @@ def _apply_lowp_chunk(  # type: ignore[no-untyped-def]
     dim = values.shape[1]
     g = np.empty(dim, np.float64)
     w = np.empty(dim, np.float64)
+    xbits, bases, hs, half = chunk_scratch(dim)
     salt = step_salt(seed, step)
-    hi = min((c + 1) * ROW_CHUNK, rows.shape[0])
-    for u in range(c * ROW_CHUNK, hi):
+    lo = c * ROW_CHUNK
+    hi = min(lo + ROW_CHUNK, rows.shape[0])
+    for u in range(lo, hi):
         # The rows' misses overlap as in cpu.optim: a half row is 32 values a cache line
         if u + PREFETCH_AHEAD < hi and rows[u + PREFETCH_AHEAD] >= 0:
             ahead = rows[u + PREFETCH_AHEAD]
@@ -68,30 +84,23 @@ def _apply_lowp_chunk(  # type: ignore[no-untyped-def]
         if r < 0:
             continue
         sum_gradient(grads, positions, bounds, u, g)
-        if fmt == 0:  # one loop per format: each vectorises
-            for j in range(dim):
-                w[j] = bits_float32(widen_bits(values[r, j], 0))
-        else:
-            for j in range(dim):
-                w[j] = bits_float32(widen_bits(values[r, j], 1))
+        widen_into(values, r, fmt, w)
         update_row(kind, hyper, w, g, slots, r)
-        base = row_base(salt, row_keys[r, 0]) if stochastic else np.uint64(0)
-        narrow_row(w, base, stochastic, fmt, values, r)
+        i = u - lo
+        for j in range(dim):
+            xbits[i, j] = float32_bits(np.float32(w[j]))
+        if stochastic:
+            bases[i] = row_base(salt, row_keys[r, 0])
+    narrow_chunk(xbits, bases, hi - lo, stochastic, fmt, hs, half)
+    for u in range(lo, hi):
+        r = rows[u]
+        if r >= 0:
+            for j in range(dim):
+                values[r, j] = half[u - lo, j]
 
 
 # The same, slots stored in the values' half format
 _ARGS_HALF_SLOTS = (*_ARGS[:-1], U2_2D)
-
-
-@njit(inline="always", **OPTS)
-def widen_into(src, r, fmt, out):  # type: ignore[no-untyped-def]
-    """out[j] = half row src[r] widened, as float32 or float64 (a loop per format)."""
-    if fmt == 0:
-        for j in range(src.shape[1]):
-            out[j] = bits_float32(widen_bits(src[r, j], 0))
-    else:
-        for j in range(src.shape[1]):
-            out[j] = bits_float32(widen_bits(src[r, j], 1))
 
 
 @lazy_njit(types.void(i8, *_ARGS_HALF_SLOTS), inline="always")
@@ -106,11 +115,11 @@ def _apply_lowp_slots_chunk(  # type: ignore[no-untyped-def]
     g = np.empty(dim, np.float64)
     w = np.empty(dim, np.float64)
     s = np.empty((1, n_slots), np.float32)
-    record = np.empty(dim + n_slots, np.float64)
-    stored = np.empty((1, dim + n_slots), np.uint16)
+    xbits, bases, hs, half = chunk_scratch(dim + n_slots)
     salt = step_salt(seed, step)
-    hi = min((c + 1) * ROW_CHUNK, rows.shape[0])
-    for u in range(c * ROW_CHUNK, hi):
+    lo = c * ROW_CHUNK
+    hi = min(lo + ROW_CHUNK, rows.shape[0])
+    for u in range(lo, hi):
         if u + PREFETCH_AHEAD < hi and rows[u + PREFETCH_AHEAD] >= 0:
             ahead = rows[u + PREFETCH_AHEAD]
             for j in range(0, dim, 32):
@@ -125,16 +134,21 @@ def _apply_lowp_slots_chunk(  # type: ignore[no-untyped-def]
         widen_into(values, r, fmt, w)
         widen_into(slots, r, fmt, s[0])
         update_row(kind, hyper, w, g, s, 0)
+        i = u - lo
         for j in range(dim):
-            record[j] = w[j]
+            xbits[i, j] = float32_bits(np.float32(w[j]))
         for j in range(n_slots):
-            record[dim + j] = s[0, j]
-        base = row_base(salt, row_keys[r, 0]) if stochastic else np.uint64(0)
-        narrow_row(record, base, stochastic, fmt, stored, 0)
-        for j in range(dim):
-            values[r, j] = stored[0, j]
-        for j in range(n_slots):
-            slots[r, j] = stored[0, dim + j]
+            xbits[i, dim + j] = float32_bits(s[0, j])
+        if stochastic:
+            bases[i] = row_base(salt, row_keys[r, 0])
+    narrow_chunk(xbits, bases, hi - lo, stochastic, fmt, hs, half)
+    for u in range(lo, hi):
+        r = rows[u]
+        if r >= 0:
+            for j in range(dim):
+                values[r, j] = half[u - lo, j]
+            for j in range(n_slots):
+                slots[r, j] = half[u - lo, dim + j]
 
 
 @lazy_njit(types.void(*_ARGS_HALF_SLOTS))
