@@ -283,9 +283,43 @@ def round_element(xb, bits, stochastic, fmt):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", **OPTS)
-def narrow_chunk(xbits, bases, n, stochastic, fmt, hs, out):  # type: ignore[no-untyped-def]
-    """out[i] = the float32 bits xbits[i] rounded to format fmt, for i < n, stochastically
-    with the random bits of the row whose base is bases[i].
+def _round_span(xbits, h16, i, start, stop, stochastic, fmt, out, o):  # type: ignore[no-untyped-def]
+    """out[o, j - start] = column j of record i rounded, for start <= j < stop: one loop per
+    format and rounding, each branch-free; returns how many are float16-tiny (to redo)."""
+    zero = np.uint64(0)
+    n_tiny = 0
+    if fmt == 0 and stochastic:
+        for j in range(start, stop):
+            out[o, j - start] = bfloat16_stochastic(xbits[i, j], h16[i, j])
+    elif fmt == 0:
+        for j in range(start, stop):
+            out[o, j - start] = bfloat16_nearest(xbits[i, j], zero)
+    elif stochastic:
+        for j in range(start, stop):
+            out[o, j - start] = float16_normal_stochastic(xbits[i, j], h16[i, j])
+            n_tiny += is_float16_tiny(xbits[i, j])
+    else:
+        for j in range(start, stop):
+            out[o, j - start] = float16_normal_nearest(xbits[i, j], zero)
+            n_tiny += is_float16_tiny(xbits[i, j])
+    return n_tiny
+
+
+@njit(inline="always", **OPTS)
+def _redo_tiny(xbits, h16, i, start, stop, stochastic, out, o):  # type: ignore[no-untyped-def]
+    """float16's subnormals among columns start .. stop of record i, by the exact rule."""
+    for j in range(start, stop):
+        if is_float16_tiny(xbits[i, j]):
+            r = np.uint64(h16[i, j]) if stochastic else np.uint64(0)
+            out[o, j - start] = float16_bits(xbits[i, j], r, stochastic)
+
+
+@njit(inline="always", **OPTS)
+def narrow_chunk(xbits, bases, n, stochastic, fmt, hs, rows, lo, out, out_tail):  # type: ignore[no-untyped-def]
+    """Round the float32 bits xbits[i] of records i < n to format fmt, stochastically with
+    the random bits of the row whose base is bases[i], into row rows[lo + i] (skipped if
+    negative) of ``out`` (its first out.shape[1] columns) and of ``out_tail`` (the rest: a
+    row's half slots).
 
     In passes of plain loops over a chunk's scratch, each of which LLVM vectorises: the group
     hashes of all n rows (one mix64 for each four columns, into hs), then each row's rounding,
@@ -293,46 +327,33 @@ def narrow_chunk(xbits, bases, n, stochastic, fmt, hs, out):  # type: ignore[no-
     group g: the little-endian layout of reference.lowp.rounding_bits). float16's subnormals,
     rare, are redone by the exact float64 rule. (Done a row at a time, each group's hash in
     the loop that rounds, a bfloat16 push at dim 64 took 87 ns a row against 66 this way.)"""
-    width = xbits.shape[1]
+    width, head = xbits.shape[1], out.shape[1]
     if stochastic:
         for i in range(n):
             base = bases[i]
             for g in range(hs.shape[1]):
                 hs[i, g] = group_bits(base, g)
     h16 = hs.view(np.uint16)
-    zero = np.uint64(0)
     for i in range(n):
-        n_tiny = 0
-        if fmt == 0 and stochastic:  # one loop per format and rounding: each branch-free
-            for j in range(width):
-                out[i, j] = bfloat16_stochastic(xbits[i, j], h16[i, j])
-        elif fmt == 0:
-            for j in range(width):
-                out[i, j] = bfloat16_nearest(xbits[i, j], zero)
-        elif stochastic:
-            for j in range(width):
-                out[i, j] = float16_normal_stochastic(xbits[i, j], h16[i, j])
-                n_tiny += is_float16_tiny(xbits[i, j])
-        else:
-            for j in range(width):
-                out[i, j] = float16_normal_nearest(xbits[i, j], zero)
-                n_tiny += is_float16_tiny(xbits[i, j])
+        o = rows[lo + i]
+        if o < 0:
+            continue
+        n_tiny = _round_span(xbits, h16, i, 0, head, stochastic, fmt, out, o)
+        if width > head:
+            n_tiny += _round_span(xbits, h16, i, head, width, stochastic, fmt, out_tail, o)
         if n_tiny:
-            for j in range(width):
-                if is_float16_tiny(xbits[i, j]):
-                    r = np.uint64(h16[i, j]) if stochastic else zero
-                    out[i, j] = float16_bits(xbits[i, j], r, stochastic)
+            _redo_tiny(xbits, h16, i, 0, head, stochastic, out, o)
+            _redo_tiny(xbits, h16, i, head, width, stochastic, out_tail, o)
 
 
 @njit(inline="always", **OPTS)
 def chunk_scratch(width):  # type: ignore[no-untyped-def]
-    """narrow_chunk's scratch for ROW_CHUNK rows of ``width`` columns: (float32 bits, row
-    bases, group hashes, half bits)."""
+    """narrow_chunk's scratch for ROW_CHUNK records of ``width`` columns: (their float32
+    bits, row bases, group hashes)."""
     return (
         np.empty((ROW_CHUNK, width), np.uint32),
         np.zeros(ROW_CHUNK, np.uint64),
         np.empty((ROW_CHUNK, (width + 3) // 4), np.uint64),
-        np.empty((ROW_CHUNK, width), np.uint16),
     )
 
 
@@ -342,7 +363,7 @@ _ROUND_SIG = types.void(F4_2D, I8, I8, u8, i8, b1, i8, U2_2D)
 
 @lazy_njit(types.void(i8, F4_2D, I8, I8, u8, i8, b1, i8, U2_2D), inline="always")
 def _round_chunk(c, values, rows, keys, seed, step, stochastic, fmt, out):  # type: ignore[no-untyped-def]
-    xbits, bases, hs, half = chunk_scratch(values.shape[1])
+    xbits, bases, hs = chunk_scratch(values.shape[1])
     salt = step_salt(seed, step)
     lo = c * ROW_CHUNK
     hi = min(lo + ROW_CHUNK, rows.shape[0])
@@ -350,12 +371,7 @@ def _round_chunk(c, values, rows, keys, seed, step, stochastic, fmt, out):  # ty
         for j in range(values.shape[1]):
             xbits[i, j] = float32_bits(values[lo + i, j])
         bases[i] = row_base(salt, keys[lo + i])
-    narrow_chunk(xbits, bases, hi - lo, stochastic, fmt, hs, half)
-    for i in range(hi - lo):
-        r = rows[lo + i]
-        if r >= 0:
-            for j in range(values.shape[1]):
-                out[r, j] = half[i, j]
+    narrow_chunk(xbits, bases, hi - lo, stochastic, fmt, hs, rows, lo, out, out)
 
 
 @lazy_njit(_ROUND_SIG)

@@ -67,7 +67,7 @@ def _apply_lowp_chunk(  # type: ignore[no-untyped-def]
     dim = values.shape[1]
     g = np.empty(dim, np.float64)
     w = np.empty(dim, np.float64)
-    xbits, bases, hs, half = chunk_scratch(dim)
+    xbits, bases, hs = chunk_scratch(dim)
     salt = step_salt(seed, step)
     lo = c * ROW_CHUNK
     hi = min(lo + ROW_CHUNK, rows.shape[0])
@@ -91,12 +91,7 @@ def _apply_lowp_chunk(  # type: ignore[no-untyped-def]
             xbits[i, j] = float32_bits(np.float32(w[j]))
         if stochastic:
             bases[i] = row_base(salt, row_keys[r, 0])
-    narrow_chunk(xbits, bases, hi - lo, stochastic, fmt, hs, half)
-    for u in range(lo, hi):
-        r = rows[u]
-        if r >= 0:
-            for j in range(dim):
-                values[r, j] = half[u - lo, j]
+    narrow_chunk(xbits, bases, hi - lo, stochastic, fmt, hs, rows, lo, values, values)
 
 
 # The same, slots stored in the values' half format
@@ -115,7 +110,7 @@ def _apply_lowp_slots_chunk(  # type: ignore[no-untyped-def]
     g = np.empty(dim, np.float64)
     w = np.empty(dim, np.float64)
     s = np.empty((1, n_slots), np.float32)
-    xbits, bases, hs, half = chunk_scratch(dim + n_slots)
+    xbits, bases, hs = chunk_scratch(dim + n_slots)
     salt = step_salt(seed, step)
     lo = c * ROW_CHUNK
     hi = min(lo + ROW_CHUNK, rows.shape[0])
@@ -141,14 +136,7 @@ def _apply_lowp_slots_chunk(  # type: ignore[no-untyped-def]
             xbits[i, dim + j] = float32_bits(s[0, j])
         if stochastic:
             bases[i] = row_base(salt, row_keys[r, 0])
-    narrow_chunk(xbits, bases, hi - lo, stochastic, fmt, hs, half)
-    for u in range(lo, hi):
-        r = rows[u]
-        if r >= 0:
-            for j in range(dim):
-                values[r, j] = half[u - lo, j]
-            for j in range(n_slots):
-                slots[r, j] = half[u - lo, dim + j]
+    narrow_chunk(xbits, bases, hi - lo, stochastic, fmt, hs, rows, lo, values, slots)
 
 
 @lazy_njit(types.void(*_ARGS_HALF_SLOTS))
