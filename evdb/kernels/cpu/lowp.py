@@ -119,7 +119,7 @@ def _float16_ir(builder, xb, add):  # type: ignore[no-untyped-def]
     """float16 bits of float32 bits xb (i32) unless float16-tiny (then a wrong value), with
     add (i32) added below the 13 bits cut off: float16_bits_normal's selects in 32 bits."""
     i32, i16 = ir.IntType(32), ir.IntType(16)
-    sign = builder.trunc(builder.and_(builder.lshr(xb, i32(16)), i32(0x8000)), i16)
+    sign = builder.and_(builder.lshr(xb, i32(16)), i32(0x8000))
     a = builder.and_(xb, i32(0x7FFFFFFF))
     h = builder.sub(builder.lshr(builder.add(a, add), i32(13)), i32(112 << 10))
     h = builder.select(builder.icmp_unsigned(">=", a, i32(0x47800000)), i32(0x7C00), h)
@@ -129,7 +129,7 @@ def _float16_ir(builder, xb, add):  # type: ignore[no-untyped-def]
         builder.icmp_unsigned(">", a, i32(0x7F800000)), builder.or_(payload, i32(0x7C00)), h
     )  # NaN, as numpy converts it
     h = builder.select(builder.icmp_unsigned("==", a, i32(0)), i32(0), h)
-    return builder.or_(sign, builder.trunc(h, i16))
+    return builder.trunc(builder.or_(sign, h), i16)
 
 
 def _rounding_intrinsic(element, stochastic: bool):  # type: ignore[no-untyped-def]
@@ -163,6 +163,24 @@ bfloat16_stochastic = _rounding_intrinsic(_bfloat16_ir, True)
 bfloat16_nearest = _rounding_intrinsic(_bfloat16_ir, False)
 float16_normal_stochastic = _rounding_intrinsic(_float16_ir, True)
 float16_normal_nearest = _rounding_intrinsic(_float16_ir, False)
+
+
+@intrinsic
+def or_float16_tiny(typingctx, acc, xb):  # type: ignore[no-untyped-def]
+    """acc | 1 if float32 bits xb are float16-tiny (is_float16_tiny), as a uint32: a flag
+    gathered over a row in 32-bit lanes (numba's own integers are 64-bit: a count of them
+    halved the lanes of the row's rounding)."""
+    if not (isinstance(acc, types.Integer) and isinstance(xb, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i32 = ir.IntType(32)
+        a = context.cast(builder, args[0], signature.args[0], u4)
+        x = builder.and_(context.cast(builder, args[1], signature.args[1], u4), i32(0x7FFFFFFF))
+        tiny = builder.icmp_unsigned("<", builder.sub(x, i32(1)), i32(0x387FFFFF))
+        return builder.or_(a, builder.zext(tiny, i32))
+
+    return u4(acc, xb), codegen
 
 
 @lazy_njit(u2(u4, u8, b1), inline="always")
@@ -285,9 +303,9 @@ def round_element(xb, bits, stochastic, fmt):  # type: ignore[no-untyped-def]
 @njit(inline="always", **OPTS)
 def _round_span(xbits, h16, i, start, stop, stochastic, fmt, out, o):  # type: ignore[no-untyped-def]
     """out[o, j - start] = column j of record i rounded, for start <= j < stop: one loop per
-    format and rounding, each branch-free; returns how many are float16-tiny (to redo)."""
+    format and rounding, each branch-free; returns 1 if any is float16-tiny (to redo), else 0."""
     zero = np.uint64(0)
-    n_tiny = 0
+    tiny = np.uint32(0)
     if fmt == 0 and stochastic:
         for j in range(start, stop):
             out[o, j - start] = bfloat16_stochastic(xbits[i, j], h16[i, j])
@@ -297,12 +315,12 @@ def _round_span(xbits, h16, i, start, stop, stochastic, fmt, out, o):  # type: i
     elif stochastic:
         for j in range(start, stop):
             out[o, j - start] = float16_normal_stochastic(xbits[i, j], h16[i, j])
-            n_tiny += is_float16_tiny(xbits[i, j])
+            tiny = or_float16_tiny(tiny, xbits[i, j])
     else:
         for j in range(start, stop):
             out[o, j - start] = float16_normal_nearest(xbits[i, j], zero)
-            n_tiny += is_float16_tiny(xbits[i, j])
-    return n_tiny
+            tiny = or_float16_tiny(tiny, xbits[i, j])
+    return tiny
 
 
 @njit(inline="always", **OPTS)
@@ -338,10 +356,10 @@ def narrow_chunk(xbits, bases, n, stochastic, fmt, hs, rows, lo, out, out_tail):
         o = rows[lo + i]
         if o < 0:
             continue
-        n_tiny = _round_span(xbits, h16, i, 0, head, stochastic, fmt, out, o)
+        tiny = _round_span(xbits, h16, i, 0, head, stochastic, fmt, out, o)
         if width > head:
-            n_tiny += _round_span(xbits, h16, i, head, width, stochastic, fmt, out_tail, o)
-        if n_tiny:
+            tiny |= _round_span(xbits, h16, i, head, width, stochastic, fmt, out_tail, o)
+        if tiny:
             _redo_tiny(xbits, h16, i, 0, head, stochastic, out, o)
             _redo_tiny(xbits, h16, i, head, width, stochastic, out_tail, o)
 
