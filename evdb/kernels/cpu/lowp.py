@@ -12,6 +12,7 @@ signature for both formats and no float16 arithmetic in numba.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 from llvmlite import ir
@@ -50,6 +51,10 @@ GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 ROW_CHUNK = 64  # rows per parallel task
 BAG_CHUNK = 32  # bags per task, as cpu.bags
 GATHER_CHUNK = 32  # keys probed together, as cpu.index
+
+
+if sys.byteorder != "little":  # narrow_chunk reads a hash's 16-bit slices through a uint16 view
+    raise ImportError("evdb.kernels.cpu.lowp: the rounding's bit layout assumes little-endian")
 
 
 def _fmt(name: str, a: np.ndarray) -> int:
