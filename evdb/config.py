@@ -273,12 +273,6 @@ class TableConfig:
         if self.slot_dtype not in ROW_DTYPES:
             raise ConfigError(f"slot_dtype: expected one of {ROW_DTYPES}, got {self.slot_dtype!r}")
         if self.slot_dtype in ("float32", self.dtype):
-            if self.slot_dtype != "float32" and self.hbm is not None and self.hbm.device != "cpu":
-                raise ConfigError(
-                    f"slot_dtype={self.slot_dtype!r} with an HBM tier on CUDA device "
-                    f"{self.hbm.device} is not supported: use slot_dtype='float32', or hbm "
-                    "device='cpu' (emulated)"
-                )
             return
         raise ConfigError(
             f"slot_dtype={self.slot_dtype!r} on a dtype={self.dtype!r} table: slots are "

@@ -73,11 +73,13 @@ def test_half_slots_on_other_values_are_refused_saying_what_is_supported(
         db.create_table("t", 4, slot_dtype="bfloat16", disk=False, optimizer=Adagrad())
     with pytest.raises(ConfigError, match=r"slot_dtype='float16' on a dtype='bfloat16' table"):
         db.create_table("t", 4, dtype="bfloat16", slot_dtype="float16", optimizer=Adagrad())
-    with pytest.raises(ConfigError, match=r"slot_dtype='bfloat16' with an HBM tier on CUDA"):
-        db.create_table(
-            "t", 4, dtype="bfloat16", slot_dtype="bfloat16", hbm_rows=8, device=0, disk=False
-        )
     assert db.tables() == []
+    # an HBM tier on a CUDA device stores half slots too (tests/gpu/test_lowp_on_device.py)
+    on_device = evdb.config.TableConfig(
+        dim=4, dtype="bfloat16", slot_dtype="bfloat16", optimizer=Adagrad(),
+        hbm=evdb.config.HbmConfig(capacity_rows=8, device=0),
+    )  # fmt: skip
+    assert on_device.slot_dtype == "bfloat16"
 
 
 # -- storage -------------------------------------------------------------------------------

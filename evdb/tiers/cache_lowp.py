@@ -28,7 +28,7 @@ from evdb.kernels.reference.lowp import storage_dtype
 from evdb.records import FREQ_MAX, FROZEN
 from evdb.tiers.cache import ColumnCache, Grow
 
-__all__ = ["LowpColumnCache", "as_stored"]
+__all__ = ["HalfRowsCache", "LowpColumnCache", "as_stored"]
 
 _cpu = backend("cpu")
 
@@ -47,7 +47,55 @@ def as_stored(dtype: str, values: Float32Array) -> Float32Array:
     return out
 
 
-class LowpColumnCache(ColumnCache):
+class HalfRowsCache(ColumnCache):
+    """What the half-precision cache tiers share (``LowpColumnCache`` over numpy columns,
+    ``DeviceLowpCache`` on a CUDA device): the rounding settings, the slots column in the
+    values' format when ``slot_dtype`` says so, the fused update and the stats."""
+
+    dtype: str
+    stochastic: bool
+    seed: int
+    slot_dtype: str
+
+    def _set_half(self, dtype: str, stochastic: bool, seed: int, slot_dtype: str) -> None:
+        """Record how rows are stored and rounded; half slots: the slots column re-made in
+        the values' dtype, grown by its dtype from here on (the columns' _fit)."""
+        self.dtype = dtype
+        self.stochastic = stochastic
+        self.seed = int(seed)
+        self.slot_dtype = slot_dtype
+        if slot_dtype != "float32":
+            half = self.xp.empty((0, self.n_slots), dtype=storage_dtype(slot_dtype))
+            self.slots = self._grown("slots", half, self.slots.shape[0])
+
+    @staticmethod
+    def _check_half(dtype: str, slot_dtype: str) -> None:
+        if dtype == "float32":
+            raise ValueError("a half-precision tier stores bfloat16 or float16 rows, not float32")
+        if slot_dtype not in ("float32", dtype):
+            raise ValueError(f"slot_dtype: expected 'float32' or {dtype!r}, got {slot_dtype!r}")
+
+    def _update(
+        self, rows: Any, grads: Any, positions: Any, bounds: Any, optimizer: int, hyper: Any,
+        step: int,
+    ) -> None:  # fmt: skip
+        # The kernel reads each row's key from the whole column as it reads the row (a
+        # gather of the batch's keys here was a second random pass); rows -1 read nothing.
+        # Half slots (the values' dtype) are rounded with the row, as columns dim..
+        self.kernels.segment_sum_apply_lowp(
+            grads, positions, bounds, rows, self.row_keys, optimizer, hyper, self.seed, step,
+            self.stochastic, self.values, self.slots,
+        )  # fmt: skip
+
+    def stats(self) -> dict[str, Any]:
+        return super().stats() | {
+            "dtype": self.dtype,
+            "slot_dtype": self.slot_dtype,
+            "rounding": "stochastic" if self.stochastic else "nearest",
+        }
+
+
+class LowpColumnCache(HalfRowsCache):
     """``ColumnCache`` (numpy columns, the cpu kernels) with values stored in ``dtype``.
 
     Parameters
@@ -78,21 +126,12 @@ class LowpColumnCache(ColumnCache):
         emulated: bool | None = None,
         slot_dtype: str = "float32",
     ) -> None:
-        if dtype == "float32":
-            raise ValueError("LowpColumnCache stores bfloat16 or float16 rows, not float32")
-        if slot_dtype not in ("float32", dtype):
-            raise ValueError(f"slot_dtype: expected 'float32' or {dtype!r}, got {slot_dtype!r}")
+        self._check_half(dtype, slot_dtype)
         super().__init__(
             dim, n_slots, config, name=name, device=device, xp=np, kernels=_cpu, grow=grow,
             emulated=emulated, value_dtype=storage_dtype(dtype),
         )  # fmt: skip
-        self.dtype = dtype
-        self.stochastic = stochastic
-        self.seed = int(seed)
-        self.slot_dtype = slot_dtype
-        if slot_dtype != "float32":  # grown by its dtype from here on (the columns' _fit)
-            half = np.empty((0, n_slots), dtype=storage_dtype(slot_dtype))
-            self.slots = self._grown("slots", half, self.slots.shape[0])
+        self._set_half(dtype, stochastic, seed, slot_dtype)
 
     # -- values in and out ----------------------------------------------------------------
     def _widened(self, rows: Int64Array) -> Float32Array:
@@ -171,17 +210,6 @@ class LowpColumnCache(ColumnCache):
         self._note_pulled(rows, n)
         return n
 
-    def _update(
-        self, rows: Any, grads: Any, positions: Any, bounds: Any, optimizer: int, hyper: Any,
-        step: int,
-    ) -> None:  # fmt: skip
-        # The kernel reads each row's key from the whole column as it reads the row (a
-        # gather of the batch's keys here was a second random pass); rows -1 read nothing
-        self.kernels.segment_sum_apply_lowp(
-            grads, positions, bounds, rows, self.row_keys, optimizer, hyper, self.seed, step,
-            self.stochastic, self.values, self.slots,
-        )  # fmt: skip
-
     def live_blocks(
         self, min_live_step: int, block_rows: int
     ) -> Iterator[tuple[Float32Array, Int64Array]]:
@@ -202,14 +230,3 @@ class LowpColumnCache(ColumnCache):
             drop[keep] = np.linalg.norm(self._widened(live[keep]), axis=1) < l2_threshold
             drop |= expired
         return live[drop], int(np.count_nonzero(expired))
-
-    def stats(self) -> dict[str, Any]:
-        return super().stats() | {
-            "dtype": self.dtype,
-            "slot_dtype": self.slot_dtype,
-            "rounding": self._rounding_name,
-        }
-
-    @property
-    def _rounding_name(self) -> str:
-        return "stochastic" if self.stochastic else "nearest"

@@ -18,7 +18,8 @@ Given device arrays instead (``lookup``, ``lookup_bags`` and ``pull_rows`` with 
 ``out``, ``apply`` with device gradients), the rows stay on the device: the table's device
 path (``evdb.tiers.device_path``), whose key-sized copies the tier counts in its stats.
 A half-precision table's tier (``dtype="bfloat16"`` / ``"float16"``) is ``DeviceLowpCache``
-(``evdb.tiers.hbm_lowp``): 2-byte values on the device, answers in float32.
+(``evdb.tiers.hbm_lowp``): 2-byte values on the device (and 2-byte slots with
+``slot_dtype``), answers in float32.
 
 ``device="cpu"``: **emulated HBM**, the HBM caching logic on the CPU, for tests. The rows live
 in numpy columns and the cpu kernels run on them, as in the DRAM tier; what the emulation
@@ -98,11 +99,13 @@ def require_device(device: HbmDevice) -> None:
         )
 
 
-def device_bytes(dim: int, n_slots: int, rows: int, value_bytes: int = 4) -> int:
+def device_bytes(
+    dim: int, n_slots: int, rows: int, value_bytes: int = 4, slot_bytes: int = 4
+) -> int:
     """Device memory of an HBM tier holding ``rows`` rows: its columns (values of
-    ``value_bytes`` each: 4 for float32, 2 for bfloat16 or float16; slots in float32; 41
-    bytes of keys and metadata) and its hash index."""
-    per_row = value_bytes * dim + 4 * n_slots + 8 + 4 + 8 + 8 + 1 + 4 * 1 + 8
+    ``value_bytes`` each: 4 for float32, 2 for bfloat16 or float16; slots of ``slot_bytes``
+    likewise; 41 bytes of keys and metadata) and its hash index."""
+    per_row = value_bytes * dim + slot_bytes * n_slots + 8 + 4 + 8 + 8 + 1 + 4 * 1 + 8
     return rows * per_row + index_bytes(rows, device=True)
 
 
@@ -326,14 +329,14 @@ def hbm_tier(
         How values are stored and pushes rounded (as ``dram_tier``): a half-precision tier
         is ``LowpColumnCache`` on emulated HBM, ``DeviceLowpCache`` on a CUDA device.
     slot_dtype : str
-        How optimizer slots are stored: "float32", or ``dtype`` on emulated HBM only (the
-        CUDA update, ``segment_sum_apply_lowp``, takes float32 slots).
+        How optimizer slots are stored: "float32", or ``dtype`` (a half-precision table's
+        own format, on a CUDA device as on emulated HBM).
 
     Raises
     ------
     ConfigError
-        Where cupy or the device is missing (see ``require_device``), the tier at capacity
-        would not fit in the device's free memory, or half-precision slots on a device.
+        Where cupy or the device is missing (see ``require_device``), or the tier at capacity
+        would not fit in the device's free memory.
     """
     require_device(config.device)
     tier_policy = dataclasses.replace(policy, capacity_rows=config.capacity_rows, initial_rows=0)
@@ -349,28 +352,26 @@ def hbm_tier(
             dim, n_slots, tier_policy, name="hbm", device=_EMULATED, xp=np,
             kernels=backend("cpu"), emulated=True,
         )  # fmt: skip
-    if half_slots:
-        raise ConfigError(
-            f"slot_dtype={slot_dtype!r} with an HBM tier on CUDA device {config.device} is not "
-            "supported: use slot_dtype='float32', or device='cpu' (emulated HBM)"
-        )
     device_id = int(config.device)
     cp = _cupy()
     with cp.cuda.Device(device_id):
         free, total = (int(x) for x in cp.cuda.runtime.memGetInfo())
-    need = device_bytes(dim, n_slots, config.capacity_rows, 4 if dtype == "float32" else 2)
+    value_bytes = 4 if dtype == "float32" else 2
+    need = device_bytes(
+        dim, n_slots, config.capacity_rows, value_bytes, 4 if slot_dtype == "float32" else 2
+    )
     if need > free:
         raise ConfigError(
             f"device={device_id}: an HBM tier of {config.capacity_rows} rows (dim {dim}, "
-            f"{n_slots} optimizer slots, {dtype} values) needs {need} bytes of device memory, "
-            f"but the device has {free} bytes free (of {total}); lower hbm_rows"
+            f"{n_slots} {slot_dtype} optimizer slots, {dtype} values) needs {need} bytes of "
+            f"device memory, but the device has {free} bytes free (of {total}); lower hbm_rows"
         )
     if dtype != "float32":
         from evdb.tiers.hbm_lowp import DeviceLowpCache  # it subclasses DeviceCache
 
         return DeviceLowpCache(
             dim, n_slots, tier_policy, device_id=device_id, cupy=cp, kernels=device_kernels(),
-            dtype=dtype, stochastic=stochastic, seed=seed,
+            dtype=dtype, stochastic=stochastic, seed=seed, **half_slots,
         )  # fmt: skip
     return DeviceCache(
         dim, n_slots, tier_policy, device_id=device_id, cupy=cp, kernels=device_kernels()

@@ -2,21 +2,24 @@
 column holds bfloat16 (uint16 bit patterns) or float16, for a table created with
 ``dtype="bfloat16"`` / ``"float16"`` and ``hbm_rows`` on a device.
 
-It is the device twin of ``LowpColumnCache`` (emulated HBM and DRAM): only the values column
-changes (2 bytes a value; optimizer slots and metadata stay float32 and as they are), only
-the methods that touch it are overridden, and every answer is float32:
+It is the device twin of ``LowpColumnCache`` (emulated HBM and DRAM; both are
+``HalfRowsCache``): only the values column changes (2 bytes a value), and the slots column
+with ``slot_dtype`` (then in the values' format; else float32; metadata as it is), only the
+methods that touch them are overridden, and every answer is float32:
 
 * lookups, bag combines and pulls run the widening kernels of ``cuda/lowp.cu``
   (``probe_gather_widened``, ``probe_gather_combine_widened``, ``widen_rows``), into a
   device ``out`` (the device path) or a device buffer copied to the host once;
-* a push is ``segment_sum_apply_lowp``: the update in float32, written back rounded with the
-  table's rounding (stochastic by default, bits of (seed, key, step, column));
+* a push is ``segment_sum_apply_lowp``: the update in float64, written back rounded with the
+  table's rounding (stochastic by default, bits of (seed, key, step, column)); half slots are
+  rounded with the row, as columns dim.. of its record;
 * rows cross the bus in the table's dtype, one copy per column: ``read`` copies the values'
-  2-byte bits to the host and widens them there, ``write``, ``assign`` (and so ``insert`` and
-  ``put``) round on the host to nearest even and copy the bits up. Widening is exact and
-  rounding a value the format holds gives that value, so a row evicted into DRAM, promoted
-  back, checkpointed or reopened keeps its bits; the host kernels are the ones
-  ``LowpColumnCache`` runs, so both tiers store the same bits for the same values.
+  (and half slots') 2-byte bits to the host and widens them there, ``write`` (and so
+  ``insert`` and ``put``) and ``assign`` round on the host to nearest even and copy the bits
+  up. Widening is exact and rounding a value the format holds gives that value, so a row
+  evicted into DRAM, promoted back, checkpointed or reopened keeps its bits, slots included;
+  the host kernels are the ones ``LowpColumnCache`` runs, so both tiers store the same bits
+  for the same values.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from evdb.kernels import backend
 from evdb.kernels.reference.lowp import storage_dtype
 from evdb.records import FREQ_MAX, RecordBatch
 from evdb.tiers.cache import ColumnCache
+from evdb.tiers.cache_lowp import HalfRowsCache
 from evdb.tiers.hbm import DeviceCache, on_device
 
 __all__ = ["DeviceLowpCache"]
@@ -42,7 +46,7 @@ __all__ = ["DeviceLowpCache"]
 _cpu = backend("cpu")
 
 
-class DeviceLowpCache(DeviceCache):
+class DeviceLowpCache(HalfRowsCache, DeviceCache):
     """``DeviceCache`` with values stored on the device in ``dtype`` (see the module).
 
     Parameters
@@ -53,6 +57,8 @@ class DeviceLowpCache(DeviceCache):
         Whether a push rounds its result stochastically (else to nearest even).
     seed : int
         The stochastic rounding's seed (the table's initializer seed).
+    slot_dtype : str
+        "float32" (default), or ``dtype``: the optimizer's slots stored in half precision too.
     Others as ``DeviceCache``.
     """
 
@@ -68,23 +74,22 @@ class DeviceLowpCache(DeviceCache):
         dtype: str,
         stochastic: bool,
         seed: int,
+        slot_dtype: str = "float32",
     ) -> None:
-        if dtype == "float32":
-            raise ValueError("DeviceLowpCache stores bfloat16 or float16 rows, not float32")
+        self._check_half(dtype, slot_dtype)
         super().__init__(
             dim, n_slots, config, device_id=device_id, cupy=cupy, kernels=kernels,
             value_dtype=storage_dtype(dtype),
         )  # fmt: skip
-        self.dtype = dtype
-        self.stochastic = stochastic
-        self.seed = int(seed)
         with self._device_ctx():
+            self._set_half(dtype, stochastic, seed, slot_dtype)
             # the stamps' values argument: stamp_gather_pulled copies no column of a dim-0 row
             self._no_values = cupy.empty((0, 0), dtype=np.float32)
 
     # -- values across the bus: 2 bytes a value, converted on the host ------------------------
     def _halved(self, values: Float32Array) -> np.ndarray:
-        """float32 host rows rounded to nearest even into the storage dtype (host)."""
+        """float32 host rows (values or half slots) rounded to nearest even into the storage
+        dtype (host)."""
         v = np.ascontiguousarray(values, dtype=np.float32)
         out = np.empty(v.shape, dtype=self.values.dtype)
         rows = np.arange(v.shape[0], dtype=np.int64)
@@ -102,16 +107,23 @@ class DeviceLowpCache(DeviceCache):
         self.kernels.widen_rows(self.values, rows, out)
         return out
 
+    @property
+    def _half_slots(self) -> bool:
+        return self.slot_dtype != "float32"
+
     @on_device
     def write(self, rows: Int64Array, records: RecordBatch) -> None:
-        ColumnCache.write(
-            self, rows, dataclasses.replace(records, values=self._halved(records.values))
-        )
+        halved = {"values": self._halved(records.values)}
+        if self._half_slots:
+            halved["slots"] = self._halved(records.slots)
+        ColumnCache.write(self, rows, dataclasses.replace(records, **halved))
 
     @on_device
     def read(self, rows: Int64Array) -> RecordBatch:
         records = ColumnCache.read(self, rows)
         records.values = self._widened_host(records.values)
+        if self._half_slots:
+            records.slots = self._widened_host(records.slots)
         return records
 
     @on_device
@@ -176,17 +188,6 @@ class DeviceLowpCache(DeviceCache):
         self._note_pulled(rows, n)
         return n
 
-    def _update(
-        self, rows: Any, grads: Any, positions: Any, bounds: Any, optimizer: int, hyper: Any,
-        step: int,
-    ) -> None:  # fmt: skip
-        # called by apply inside the device; the kernel reads each row's key from the device's
-        # key column (rows -1 read none)
-        self.kernels.segment_sum_apply_lowp(
-            grads, positions, bounds, rows, self.row_keys, optimizer, hyper, self.seed, step,
-            self.stochastic, self.values, self.slots,
-        )  # fmt: skip
-
     @on_device
     def gather_into(self, out: Any, at: Any, rows: Any) -> None:
         """``out[at] = values[rows]`` widened, on the device (rows just written)."""
@@ -221,7 +222,3 @@ class DeviceLowpCache(DeviceCache):
             drop[keep] = norms < l2_threshold
             drop |= expired
         return live[self._host(drop)], int(self._cp.count_nonzero(expired))
-
-    def stats(self) -> dict[str, Any]:
-        rounding = "stochastic" if self.stochastic else "nearest"
-        return super().stats() | {"dtype": self.dtype, "rounding": rounding}

@@ -840,3 +840,54 @@ def segment_sum_apply_lowp(
     from evdb.kernels.reference.lowp import widen
 
     return widen(values), slots
+
+
+def _nearly_all_row_and_slot_bits_equal(got: Results, want: Results) -> None:
+    # as _nearly_all_bits_equal, for the slots too: a slot rounded with another column's
+    # random bits (not dim + j) would differ in far more than 1% of them
+    for g, w in zip(got, want, strict=True):
+        assert np.mean(g == w) > 0.99
+
+
+@case(
+    "segment_sum_apply_lowp",
+    rtol=2**-7,  # one bfloat16 ulp; see _nearly_all_bits_equal
+    atol=1e-6,
+    also=_nearly_all_row_and_slot_bits_equal,
+    kind=[1, 2, 6],
+    fmt=sorted(HALF),
+    stochastic=[False, True],
+    size=["small", "large"],
+)
+def segment_sum_apply_lowp_half_slots(
+    k: Any, rng: np.random.Generator, kind: int, fmt: str, stochastic: bool, size: str
+) -> Results:
+    # slots stored in the values' format (a table's slot_dtype), rounded with the row
+    dim, n_rows, u = (6, 30, 12) if size == "small" else (6, 40_000, 20_000)
+    n_slots = 1 if SLOTS[kind] == -1 else SLOTS[kind] * dim
+    halves = []
+    for shape, low in (((n_rows, dim), None), ((n_rows, n_slots), 0.1)):
+        x = rng.standard_normal(shape) if low is None else rng.uniform(low, 1.0, shape)
+        x32 = x.astype(np.float32)
+        h = x32.astype(np.float16) if fmt == "float16" else (x32.view(np.uint32) >> 16)
+        halves.append(h.astype(HALF[fmt]))
+    start, slots0 = halves
+    rows = rng.permutation(n_rows)[:u].astype(np.int64)
+    rows[3] = -1
+    row_keys = random_keys(rng, n_rows)[:n_rows]
+    n_pos = 40 if size == "small" else 50_000
+    inverse = rng.integers(0, u, n_pos).astype(np.int64)
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=u))]).astype(np.int64)
+    positions = np.argsort(inverse, kind="stable").astype(np.int64)
+    grads = rng.standard_normal((n_pos, dim)).astype(np.float32)
+    hyper = np.array(HYPER[kind] + [0.0] * (8 - len(HYPER[kind])))
+    values, slots = start.copy(), slots0.copy()
+    k.segment_sum_apply_lowp(
+        grads, positions, bounds, rows, row_keys, kind, hyper, 77, 12, stochastic, values, slots
+    )
+    untouched = np.setdiff1d(np.arange(n_rows), rows[rows >= 0])
+    np.testing.assert_array_equal(_half_bits(slots[untouched]), _half_bits(slots0[untouched]))
+    assert slots.dtype == slots0.dtype and not np.array_equal(slots, slots0)
+    from evdb.kernels.reference.lowp import widen
+
+    return widen(values), widen(slots)

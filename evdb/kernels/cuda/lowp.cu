@@ -22,9 +22,10 @@
 // Threads and races: round_rows, widen_rows and dequantize_rows one thread per element;
 // quantize_rows one thread per row; the probes one thread per key (gather) or per bag
 // (combine, which accumulates in float32 as cpu/lowp_gather.py does), over quantised or
-// half-precision rows; segment_sum_apply_lowp one
-// thread per distinct row with its float64 gradient and row in dynamic shared memory (2 * dim
-// doubles a thread; gpu/lowp.py sizes the block), reading its row's key from the tier's whole
+// half-precision rows; segment_sum_apply_lowp (float32 slots) and
+// segment_sum_apply_lowp_half_slots (slots in the values' format) one thread per distinct row
+// with its float64 gradient and row in dynamic shared memory (2 * dim doubles a thread, either
+// way: half slots are rounded in place, no scratch; gpu/lowp.py sizes the block), reading its row's key from the tier's whole
 // key column (row_keys[rows[t]], as it reads the row). Rows are distinct within a call (rows of
 // round_rows and of the update are a batch's distinct rows), so no two threads write one
 // element: no atomics, except the one count of missing keys per thread.
@@ -345,20 +346,49 @@ extern "C" __global__ void probe_gather_combine_widened(
 
 // ---- the fused update of half-precision rows --------------------------------------------
 
-extern "C" __global__ void segment_sum_apply_lowp(
-    const float* __restrict__ grads, i64 dim, const i64* __restrict__ positions,
-    const i64* __restrict__ bounds, const i64* __restrict__ rows,
-    const i64* __restrict__ row_keys, i64 u, int kind, double h0, double h1, double h2,
-    double h3, u64 seed, i64 step, int stochastic, int fmt, u16* __restrict__ values,
-    float* __restrict__ slots, i64 n_slots) {
-    extern __shared__ double evdb_shared[];
-    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= u || rows[t] < 0) return;
-    double* g = evdb_shared + (i64)threadIdx.x * 2 * dim;
+// Stored bits of column c of a row's record whose update gave v: v rounded to float32, then to
+// the half format with column c's random bits of the row (base), or to nearest.
+__device__ __forceinline__ u16 evdb_rounded(double v, u64 base, i64 c, int stochastic, int fmt) {
+    float x = (float)v;
+    // x is no NaN here unless the update made one: its bits matter only for NaN payloads
+    double a = fabs((double)x);
+    u32 sign = (x < 0.0f || (x == 0.0f && 1.0f / x < 0.0f)) ? 0x80000000u : 0u;
+    u32 xb = x != x ? 0x7FC00000u : (a > 3.4028234663852886e38 ? sign | 0x7F800000u : sign);
+    u64 bits = stochastic ? evdb_column_bits(base, c) : 0ULL;
+    return evdb_narrow(x, xb, bits, stochastic != 0, fmt);
+}
+
+// A row's optimizer slots as the update reads and writes them. float32: the rule's float64
+// result rounded to float32. Half precision (the values' format, a table's slot_dtype): read
+// widened, written rounded as columns dim.. of the row's record, so a slot draws its own
+// random bits, never its row's (reference.lowp_optim). The rules read each slot before they
+// write it and never read it again, so a slot is rounded in place as soon as it is written.
+struct EvdbFloatSlots {
+    float* s;
+    __device__ __forceinline__ double get(i64 j) const { return (double)s[j]; }
+    __device__ __forceinline__ void set(i64 j, double x) const { s[j] = (float)x; }
+};
+
+struct EvdbHalfSlots {
+    u16* s;
+    u64 base;
+    i64 dim;
+    int stochastic;
+    int fmt;
+    __device__ __forceinline__ double get(i64 j) const { return evdb_half_value(s[j], fmt); }
+    __device__ __forceinline__ void set(i64 j, double x) const {
+        s[j] = evdb_rounded(x, base, dim + j, stochastic, fmt);
+    }
+};
+
+// Thread t's row: its gradient summed over its positions into g, the rule applied in float64
+// to w (the row widened) and its slots, the row rounded back (base: its random bits).
+template <typename Slots>
+__device__ __forceinline__ void evdb_update_lowp_row(
+    const float* grads, i64 dim, const i64* positions, const i64* bounds, i64 t, int kind,
+    double h0, double h1, double h2, double h3, u64 base, int stochastic, int fmt, u16* v,
+    const Slots& s, double* g) {
     double* w = g + dim;
-    i64 r = rows[t];
-    u16* v = values + r * dim;
-    float* s = slots + r * n_slots;
     for (i64 c = 0; c < dim; ++c) {
         double acc = 0.0;
         for (i64 k = bounds[t]; k < bounds[t + 1]; ++k) acc += grads[positions[k] * dim + c];
@@ -375,24 +405,24 @@ extern "C" __global__ void segment_sum_apply_lowp(
         lasso = h3;
         for (i64 c = 0; c < dim; ++c) {
             double gc = g[c] + wd * w[c];
-            double acc = (double)s[c] + gc * gc;
-            s[c] = (float)acc;
+            double acc = s.get(c) + gc * gc;
+            s.set(c, acc);
             w[c] = w[c] - lr * gc / (sqrt(acc) + eps);
         }
     } else if (kind == 2) {  // lazy Adam; h0 is the bias-corrected step size
         double b1 = h1, b2 = h2, eps = h3;
         for (i64 c = 0; c < dim; ++c) {
-            double m = b1 * s[c] + (1.0 - b1) * g[c];
-            double vv = b2 * s[dim + c] + (1.0 - b2) * g[c] * g[c];
-            s[c] = (float)m;
-            s[dim + c] = (float)vv;
+            double m = b1 * s.get(c) + (1.0 - b1) * g[c];
+            double vv = b2 * s.get(dim + c) + (1.0 - b2) * g[c] * g[c];
+            s.set(c, m);
+            s.set(dim + c, vv);
             w[c] = w[c] - lr * m / (sqrt(vv) + eps);
         }
     } else {  // row-wise Adagrad
         double eps = h1, sq = 0.0;
         for (i64 c = 0; c < dim; ++c) sq += g[c] * g[c];
-        double acc = (double)s[0] + sq / (double)dim;
-        s[0] = (float)acc;
+        double acc = s.get(0) + sq / (double)dim;
+        s.set(0, acc);
         for (i64 c = 0; c < dim; ++c) w[c] = w[c] - lr * g[c] / (sqrt(acc) + eps);
     }
     if (lasso != 0.0) {
@@ -402,14 +432,42 @@ extern "C" __global__ void segment_sum_apply_lowp(
         double shrink = norm > 0.0 ? fmax(0.0, 1.0 - lr * lasso / norm) : 0.0;
         for (i64 c = 0; c < dim; ++c) w[c] *= shrink;
     }
+    for (i64 c = 0; c < dim; ++c) v[c] = evdb_rounded(w[c], base, c, stochastic, fmt);
+}
+
+// float32 slots (n_slots a row)
+extern "C" __global__ void segment_sum_apply_lowp(
+    const float* __restrict__ grads, i64 dim, const i64* __restrict__ positions,
+    const i64* __restrict__ bounds, const i64* __restrict__ rows,
+    const i64* __restrict__ row_keys, i64 u, int kind, double h0, double h1, double h2,
+    double h3, u64 seed, i64 step, int stochastic, int fmt, u16* __restrict__ values,
+    float* __restrict__ slots, i64 n_slots) {
+    extern __shared__ double evdb_shared[];
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= u || rows[t] < 0) return;
+    i64 r = rows[t];
     u64 base = evdb_row_base(evdb_step_salt(seed, step), row_keys[r]);
-    for (i64 c = 0; c < dim; ++c) {
-        float x = (float)w[c];
-        // x is no NaN here unless the update made one: its bits matter only for NaN payloads
-        double a = fabs((double)x);
-        u32 sign = (x < 0.0f || (x == 0.0f && 1.0f / x < 0.0f)) ? 0x80000000u : 0u;
-        u32 xb = x != x ? 0x7FC00000u : (a > 3.4028234663852886e38 ? sign | 0x7F800000u : sign);
-        u64 bits = stochastic ? evdb_column_bits(base, c) : 0ULL;
-        v[c] = evdb_narrow(x, xb, bits, stochastic != 0, fmt);
-    }
+    EvdbFloatSlots s = {slots + r * n_slots};
+    evdb_update_lowp_row(grads, dim, positions, bounds, t, kind, h0, h1, h2, h3, base,
+                         stochastic, fmt, values + r * dim, s,
+                         evdb_shared + (i64)threadIdx.x * 2 * dim);
+}
+
+// Slots in the values' half format (fmt), n_slots a row: the same update, the slots rounded
+// with the row as one record (columns dim .. dim + n_slots - 1)
+extern "C" __global__ void segment_sum_apply_lowp_half_slots(
+    const float* __restrict__ grads, i64 dim, const i64* __restrict__ positions,
+    const i64* __restrict__ bounds, const i64* __restrict__ rows,
+    const i64* __restrict__ row_keys, i64 u, int kind, double h0, double h1, double h2,
+    double h3, u64 seed, i64 step, int stochastic, int fmt, u16* __restrict__ values,
+    u16* __restrict__ slots, i64 n_slots) {
+    extern __shared__ double evdb_shared[];
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= u || rows[t] < 0) return;
+    i64 r = rows[t];
+    u64 base = evdb_row_base(evdb_step_salt(seed, step), row_keys[r]);
+    EvdbHalfSlots s = {slots + r * n_slots, base, dim, stochastic, fmt};
+    evdb_update_lowp_row(grads, dim, positions, bounds, t, kind, h0, h1, h2, h3, base,
+                         stochastic, fmt, values + r * dim, s,
+                         evdb_shared + (i64)threadIdx.x * 2 * dim);
 }

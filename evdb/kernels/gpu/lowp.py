@@ -27,7 +27,7 @@ from evdb.kernels.gpu.runtime import (
     u64,
 )
 from evdb.kernels.reference.lowp import FLOAT16_MAX, check_bits, quantized_row_bytes
-from evdb.kernels.reference.lowp_optim import check_lowp_kind, check_row_keys
+from evdb.kernels.reference.lowp_optim import check_lowp_kind, check_row_keys, has_half_slots
 
 __all__ = [
     "dequantize_rows",
@@ -251,7 +251,9 @@ def segment_sum_apply_lowp(
     values: Any,
     slots: Any,
 ) -> None:
-    """Fused segment-sum + update of half-precision rows (see reference.lowp_optim)."""
+    """Fused segment-sum + update of half-precision rows (see reference.lowp_optim); slots
+    float32, or the values' own storage (uint16 bfloat16 bits, float16): half slots, rounded
+    with the row (columns dim..)."""
     cp = cupy_module()
     bits, fmt = _half("values", values)
     kind = check_lowp_kind(kind)
@@ -262,7 +264,8 @@ def segment_sum_apply_lowp(
     check_array("row_keys", row_keys, np.int64, 1)
     check_row_keys(row_keys, values)
     dim = values.shape[1]
-    n_slots = check_array("slots", slots, np.float32, 2).shape[1]
+    n_slots = check_array("slots", slots, getattr(slots, "dtype", np.float32), 2).shape[1]
+    half_slots = has_half_slots(values, slots)  # or InvalidTypeError naming slots
     host = cp.asnumpy(hyper) if isinstance(hyper, cp.ndarray) else np.asarray(hyper)
     h = [float(x) for x in np.asarray(host, dtype=np.float64).ravel()[:4]]
     h += [0.0] * (4 - len(h))
@@ -275,9 +278,15 @@ def segment_sum_apply_lowp(
         return
     block = max(1, min(BLOCK, SHARED_BYTES // max(per_thread, 1)))
     args = (grads, i64(dim), positions, bounds, rows, row_keys, i64(u), i32(kind))
-    tail = (u64(seed), i64(step), i32(bool(stochastic)), fmt, bits, slots, i64(n_slots))
+    slot_arg = slots.view(np.uint16) if half_slots else slots
+    tail = (u64(seed), i64(step), i32(bool(stochastic)), fmt, bits, slot_arg, i64(n_slots))
+    kernel = (
+        cuda_kernel("lowp", "segment_sum_apply_lowp_half_slots")
+        if half_slots
+        else cuda_kernel("lowp", "segment_sum_apply_lowp")
+    )
     launch(
-        cuda_kernel("lowp", "segment_sum_apply_lowp"),
+        kernel,
         u,
         (*args, *(f64(x) for x in h), *tail),
         block=block,
