@@ -10,6 +10,10 @@ is exact. What enters it is rounded: a push's update in its fused kernel
 and upserts to nearest even. A row read out and written back (eviction, a checkpoint's restore,
 a promotion from below) is therefore bit for bit the row it was: rounding a value that the
 format represents exactly gives that value.
+
+``HalfRowsCache`` holds what this tier shares with its device twin
+(``evdb.tiers.hbm_lowp.DeviceLowpCache``): the rounding settings, the half slots column, the
+fused update's call and the stats.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ _cpu = backend("cpu")
 
 
 class DeviceLowpCache(HalfRowsCache, DeviceCache):
-    """``DeviceCache`` with values stored on the device in ``dtype`` (see the module).
+    """``DeviceCache`` with values (and, with ``slot_dtype``, slots) stored on the device in
+    ``dtype`` (see the module).
 
     Parameters
     ----------
