@@ -1,7 +1,8 @@
 """The frozen-table kernels of quantised serving (``reference.frozen``, ``cpu.frozen``): the
 reference finds exactly the keys a dict finds, and the numba kernels equal the reference
 bit for bit on random tables and queries (serial and parallel sizes, int8 and int4, odd
-dims, empty tables, bags with weights, clipping, empty bags and absent keys)."""
+dims, empty tables, bags with weights, clipping, empty bags and absent keys), and every
+finite float16 as a row's scale and bias dequantises as the reference's."""
 
 from __future__ import annotations
 
@@ -84,3 +85,26 @@ def test_bags_equal_the_reference(rng, combiner: int, n_bags: int) -> None:
         terms = float(np.abs(out[0]).max()) + 1.0
         np.testing.assert_allclose(out[1], out[0], rtol=2e-5, atol=2e-6 * terms)
         assert (out[1][0] == 0).all()
+
+
+@pytest.mark.parametrize("bits,dim", [(8, 3), (4, 3)])
+def test_every_finite_float16_scale_and_bias_dequantises_as_the_reference(
+    rng, bits: int, dim: int
+) -> None:
+    # The kernels read a row's fp16 scale and bias in integer operations: every finite
+    # pattern (subnormals, both zeros, negatives, the largest) is a row's scale once and
+    # another row's bias, with random codes, and must dequantise to the reference's bits.
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    finite = halves[(halves & 0x7C00) != 0x7C00]
+    n = finite.shape[0]
+    q = rng.integers(0, 256, (n, quantized_row_bytes(dim, bits))).astype(np.uint8)
+    q[:, 0:2] = finite.view(np.uint8).reshape(n, 2)
+    q[:, 2:4] = rng.permutation(finite).view(np.uint8).reshape(n, 2)
+    keys = np.arange(n, dtype=np.int64) * 7919 - 10**9
+    order, directory = ref_frozen.frozen_order(keys, ref_frozen.bucket_count(n))
+    tk, q = keys[order], np.ascontiguousarray(q[order])
+    out = [np.empty((n, dim), np.float32) for _ in range(2)]
+    rows = [np.empty(n, np.int64) for _ in range(2)]
+    assert ref_frozen.search_gather_dequantized(directory, tk, q, bits, tk, out[0], rows[0]) == 0
+    assert cpu_frozen.search_gather_dequantized(directory, tk, q, bits, tk, out[1], rows[1]) == 0
+    np.testing.assert_array_equal(out[1].view(np.uint32), out[0].view(np.uint32))
