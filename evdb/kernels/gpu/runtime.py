@@ -39,7 +39,10 @@ __all__ = [
 
 CUDA_DIR = Path(__file__).parent.with_name("cuda")  # evdb/kernels/cuda
 SOURCES = ("index", "bags", "optim", "init", "stamp", "evict", "merge", "lowp")
-NVRTC_OPTIONS = ("--std=c++17",)
+# --fmad=false: no fused multiply-adds, so a device's arithmetic is the reference's and the CPU
+# executor's (g++ -ffp-contract=off) step for step, and a device table stays bit for bit its
+# emulated twin (NVRTC fuses a * b + c by default: a last-bit difference in a slot).
+NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
 BLOCK = 256  # threads per block: 8 warps, enough to hide a probe's miss on every SM
 SHARED_BYTES = 48 * 1024  # dynamic shared memory available without an opt-in attribute
 
