@@ -30,22 +30,22 @@ Adagrad learning rate (the example's 0.05 by default; a small one with many epoc
 the updates that round-to-nearest loses more common), ``--variants`` runs a subset. Run:
 ``.venv/bin/python bench/bench_lowp_quality.py [--dataset both] [--seeds 3] [--epochs 5]``.
 
-Measured at the defaults (2 Dec 2026, 2 cores shared with other jobs, load 7-17: 70 min
-wall, 16.6 min user; one run of 5 epochs is a few seconds on a quiet machine), d = AUC minus
-float32's of the same seed:
+Measured at the defaults (2 Dec 2026, after the rounding bits became one mix64 for each
+four columns; quiet machine but for two other jobs: about 2 minutes), d = AUC minus float32's
+of the same seed:
 
     MovieLens 100K           AUC mean  sd      d mean    d min .. max
     float32                  0.6987    0.0027
-    bfloat16 stochastic      0.6987    0.0027  +0.00001  -0.00005 .. +0.00009
-    float16 stochastic       0.6987    0.0027  +0.00001  -0.00000 .. +0.00002
+    bfloat16 stochastic      0.6987    0.0027  +0.00002  +0.00000 .. +0.00004
+    float16 stochastic       0.6987    0.0027  +0.00000  -0.00004 .. +0.00002
     bfloat16 nearest         0.6987    0.0025  +0.00004  -0.00053 .. +0.00067
     int8 serving             0.6987    0.0027  -0.00000  -0.00001 .. +0.00001
     int4 serving             0.6987    0.0027  -0.00001  -0.00009 .. +0.00005
 
     Zipf click log           AUC mean  sd      d mean    d min .. max
     float32                  0.8240    0.0184
-    bfloat16 stochastic      0.8242    0.0187  +0.00020  -0.00007 .. +0.00062
-    float16 stochastic       0.8241    0.0186  +0.00013  -0.00005 .. +0.00044
+    bfloat16 stochastic      0.8241    0.0186  +0.00015  -0.00007 .. +0.00046
+    float16 stochastic       0.8241    0.0186  +0.00013  -0.00007 .. +0.00046
     bfloat16 nearest         0.8239    0.0185  -0.00007  -0.00041 .. +0.00025
     int8 serving             0.8240    0.0184  -0.00003  -0.00006 .. -0.00000
     int4 serving             0.8241    0.0182  +0.00012  -0.00003 .. +0.00041
@@ -53,10 +53,10 @@ float32's of the same seed:
 Every aim holds (bf16 and fp16 stochastic within 0.002 of float32, int8 serving within
 0.001, int4 within 0.005, on every seed). At the example's lr and 5 epochs round-to-nearest
 bfloat16 shows no gap either: its deltas are larger but of both signs. With a smaller
-learning rate and twice the steps (``--dataset movielens --lr 0.01 --epochs 10``, one seed
-only so far) it does: float32 0.6960, bfloat16 stochastic 0.6959 (-0.00009), bfloat16
-nearest 0.6950 (-0.00104), the Adagrad steps of frequent rows falling under half a bfloat16
-unit and being lost.
+learning rate and twice the steps it does (``--dataset movielens --lr 0.01 --epochs 10``,
+3 seeds, 7.4 min): float32 0.6968, bfloat16 stochastic 0.6969 (+0.00004, -0.00005 ..
++0.00022), float16 stochastic 0.6968 (-0.00002), bfloat16 nearest 0.6963 (-0.00053, -0.00104
+.. +0.00035): the Adagrad steps of frequent rows fall under half a bfloat16 unit and are lost.
 """
 
 from __future__ import annotations
