@@ -67,8 +67,8 @@ def test_search_gather_equals_the_reference(rng, bits: int, dim: int, n: int, m:
 
 @pytest.mark.parametrize("combiner", [0, 1, 2])  # sum, mean, sqrtn
 @pytest.mark.parametrize("n_bags", [7, 1500])  # 1500 bags: parallel
-def test_bags_equal_the_reference(rng, combiner: int, n_bags: int) -> None:
-    dim, bits = 12, 4
+@pytest.mark.parametrize("bits,dim", [(4, 12), (4, 7), (8, 5)])
+def test_bags_equal_the_reference(rng, combiner: int, n_bags: int, bits: int, dim: int) -> None:
     directory, tk, q = frozen_table(rng, 2000, dim, bits)
     sizes = rng.integers(0, 6, n_bags)
     sizes[0] = 0  # an empty bag gives zeros

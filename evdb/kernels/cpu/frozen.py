@@ -20,6 +20,7 @@ from evdb.kernels.cpu._common import (
     I8,
     I8_2D,
     PARALLEL_MIN_KEYS,
+    U1,
     f4,
     f8,
     i8,
@@ -150,10 +151,11 @@ def search_gather_dequantized(directory, table_keys, q, bits, keys, out, out_row
 _SGC_ARGS = (I8_2D, I8_2D, U1_2D, i8, I8, I8, F4, i8, f8, i8, u8, f8, f8, F4_2D)
 
 
-@lazy_njit(types.void(U1_2D, i8, i8, f4, F4_2D, i8), inline="always")
-def add_dequantized(q, r, bits, w, out, b):  # type: ignore[no-untyped-def]
+@lazy_njit(types.void(U1_2D, i8, i8, f4, F4_2D, i8, U1), inline="always")
+def add_dequantized(q, r, bits, w, out, b, codes):  # type: ignore[no-untyped-def]
     """out[b] += w * (row r of q dequantised), in one pass over the codes: (w * scale) *
-    code + w * bias, so no dequantised row is written and read back."""
+    code + w * bias, so no dequantised row is written and read back (int4 codes are
+    unpacked into ``codes``, (dim + 1,) uint8 scratch, first)."""
     scale = half_at(q, r, 0)
     bias = half_at(q, r, 2)
     a = w * scale
@@ -163,12 +165,12 @@ def add_dequantized(q, r, bits, w, out, b):  # type: ignore[no-untyped-def]
         for j in range(dim):
             out[b, j] += np.float32(q[r, 4 + j]) * a + c
         return
-    for k in range(dim // 2):
-        byte = q[r, 4 + k]
-        out[b, 2 * k] += np.float32(byte & np.uint8(0x0F)) * a + c
-        out[b, 2 * k + 1] += np.float32(byte >> np.uint8(4)) * a + c
-    if dim % 2:
-        out[b, dim - 1] += np.float32(q[r, 4 + dim // 2] & np.uint8(0x0F)) * a + c
+    for k in range((dim + 1) // 2):  # unpacked first: adding in two strided halves cost
+        byte = q[r, 4 + k]  # int4 bags 25-35% over int8's (4,096 keys, 1M rows, one thread)
+        codes[2 * k] = byte & np.uint8(0x0F)
+        codes[2 * k + 1] = byte >> np.uint8(4)
+    for j in range(dim):
+        out[b, j] += np.float32(codes[j]) * a + c
 
 
 @lazy_njit(i8(i8, *_SGC_ARGS), inline="always")
@@ -187,6 +189,7 @@ def _sgc_chunk(  # type: ignore[no-untyped-def]
     rows = np.empty(hi - lo, np.int64)
     search_range(directory, table_keys, q, keys, lo, hi, rows)
     scratch = np.empty((1, dim), np.float32)
+    codes = np.empty(dim + 1, np.uint8)
     clip = max_norm != np.inf
     missing = 0
     for b in range(b0, b_end):
@@ -200,7 +203,7 @@ def _sgc_chunk(  # type: ignore[no-untyped-def]
             if div == 0.0:
                 continue
             if r >= 0 and not clip:
-                add_dequantized(q, r, bits, np.float32(weights[p] / div), out, b)
+                add_dequantized(q, r, bits, np.float32(weights[p] / div), out, b, codes)
                 continue
             if r < 0:
                 default_row(init_kind, init_seed, init_a, init_b, np.uint64(keys[p]), scratch, 0)
