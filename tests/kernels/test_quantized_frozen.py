@@ -1,11 +1,13 @@
 """The frozen-table kernels of quantised serving (``reference.frozen``, ``cpu.frozen``): the
 reference finds exactly the keys a dict finds, and the numba kernels equal the reference
-bit for bit on random tables and queries (serial and parallel sizes, int8 and int4, odd
+bit for bit on random tables and queries (serial and parallel sizes, under one numba thread
+and all, int8 and int4, odd
 dims, empty tables, bags with weights, clipping, empty bags and absent keys), and every
 finite float16 as a row's scale and bias dequantises as the reference's."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -14,6 +16,16 @@ from evdb.kernels.reference import frozen as ref_frozen
 from evdb.kernels.reference.lowp import quantize_rows, quantized_row_bytes
 
 INIT = (2, 99, 0.0, 0.3)  # defaults: normal(0, 0.3), seed 99
+
+
+@pytest.fixture(params=["one thread", "all threads"])
+def numba_threads(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Run under one numba thread (the kernels then take the serial loop at every size) and
+    under all of them (the prange kernels from PARALLEL_MIN_KEYS keys)."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(1 if request.param == "one thread" else numba.config.NUMBA_NUM_THREADS)
+    yield
+    numba.set_num_threads(before)
 
 
 def frozen_table(rng: np.random.Generator, n: int, dim: int, bits: int):  # type: ignore[no-untyped-def]
@@ -52,7 +64,9 @@ def test_the_reference_finds_what_a_dict_finds(rng, n: int) -> None:
 
 @pytest.mark.parametrize("bits,dim", [(8, 16), (8, 5), (4, 64), (4, 7)])
 @pytest.mark.parametrize("n,m", [(0, 10), (50, 40), (5000, 3000)])  # 3000 keys: parallel
-def test_search_gather_equals_the_reference(rng, bits: int, dim: int, n: int, m: int) -> None:
+def test_search_gather_equals_the_reference(
+    rng, numba_threads, bits: int, dim: int, n: int, m: int
+) -> None:
     directory, tk, q = frozen_table(rng, n, dim, bits)
     asked = queries(rng, tk, m)
     out = [np.full((asked.shape[0], dim), 7.0, np.float32) for _ in range(2)]
@@ -68,7 +82,9 @@ def test_search_gather_equals_the_reference(rng, bits: int, dim: int, n: int, m:
 @pytest.mark.parametrize("combiner", [0, 1, 2])  # sum, mean, sqrtn
 @pytest.mark.parametrize("n_bags", [7, 1500])  # 1500 bags: parallel
 @pytest.mark.parametrize("bits,dim", [(4, 12), (4, 7), (8, 5)])
-def test_bags_equal_the_reference(rng, combiner: int, n_bags: int, bits: int, dim: int) -> None:
+def test_bags_equal_the_reference(
+    rng, numba_threads, combiner: int, n_bags: int, bits: int, dim: int
+) -> None:
     directory, tk, q = frozen_table(rng, 2000, dim, bits)
     sizes = rng.integers(0, 6, n_bags)
     sizes[0] = 0  # an empty bag gives zeros
