@@ -1,9 +1,9 @@
 """The frozen-table kernels of quantised serving (``reference.frozen``, ``cpu.frozen``): the
 reference finds exactly the keys a dict finds, and the numba kernels equal the reference
 bit for bit on random tables and queries (serial and parallel sizes, under one numba thread
-and all, int8 and int4, odd
-dims, empty tables, bags with weights, clipping, empty bags and absent keys), and every
-finite float16 as a row's scale and bias dequantises as the reference's."""
+and all, int8 and int4, odd dims, empty tables, bags with weights, clipping, empty bags and
+absent keys), and every finite float16 as a row's scale and bias dequantises as the
+reference's."""
 
 from __future__ import annotations
 
