@@ -22,7 +22,10 @@ after one untimed warm-up call each. Ratios are keys/s over float32 serving's, a
 serving's over ``take``'s. Run: ``.venv/bin/python bench/bench_quantized_serving.py``
 (1M rows: about two minutes on 2 shared cores), ``--rows 100000`` for a quick look. On a
 machine other work keeps busy, ``NUMBA_NUM_THREADS=1``: from 1,024 keys every variant's
-kernel runs on numba's threads, whose wake-up then costs ~20 ms a call, alike for all.
+kernel runs on numba's threads, whose wake-up then costs ~20 ms a call, alike for all. With
+one thread the int8 / int4 kernels take their serial loop, while float32 and float16
+serving's still launch a one-thread prange (what cost the frozen kernels ~10-15 us a call
+at 4,096 keys).
 """
 
 from __future__ import annotations
