@@ -35,7 +35,7 @@ import xxhash
 
 from evdb.errors import CorruptDataError, InvalidArgumentError
 from evdb.kernels.cpu import frozen as cpu_frozen
-from evdb.kernels.cpu import lowp as cpu_lowp
+from evdb.kernels.cpu import quantize as cpu_quantize
 from evdb.kernels.reference import frozen as reference_frozen
 from evdb.kernels.reference import lowp as reference_lowp
 
@@ -51,7 +51,7 @@ __all__ = [
 MAGIC = b"EVDBFRZ1"
 ALIGN = 64
 QUANTIZED_BITS = {"int8": 8, "int4": 4}
-_KERNELS = {"cpu": (cpu_frozen, cpu_lowp), "reference": (reference_frozen, reference_lowp)}
+_KERNELS = {"cpu": (cpu_frozen, cpu_quantize), "reference": (reference_frozen, reference_lowp)}
 _WRITE_ROWS = 1 << 16  # rows permuted and written at a time
 _HASH_BYTES = 1 << 24  # bytes checksummed at a time
 

@@ -433,7 +433,7 @@ def test_bad_storage_dtypes_are_refused_naming_the_choices(k) -> None:
 LOWP_VARIANTS = [
     ("lowp", "round_rows"),
     ("lowp", "widen_rows"),
-    ("lowp", "dequantize_rows"),
+    ("quantize", "dequantize_rows"),
     ("lowp_gather", "probe_gather_lowp"),
     ("lowp_gather", "probe_gather_combine_lowp"),
     ("lowp_optim", "segment_sum_apply_lowp"),

@@ -27,7 +27,7 @@ from evdb.kernels.cpu.index import (
     unique_sampled,
 )
 from evdb.kernels.cpu.init import fill_normal, fill_uniform
-from evdb.kernels.cpu.lowp import dequantize_rows, quantize_rows, round_rows, widen_rows
+from evdb.kernels.cpu.lowp import round_rows, widen_rows
 from evdb.kernels.cpu.lowp_gather import (
     probe_gather_combine_dequantized,
     probe_gather_combine_widened,
@@ -37,6 +37,7 @@ from evdb.kernels.cpu.lowp_gather import (
 from evdb.kernels.cpu.lowp_optim import segment_sum_apply_lowp
 from evdb.kernels.cpu.merge import merge_newest
 from evdb.kernels.cpu.optim import group_positions, segment_sum_apply
+from evdb.kernels.cpu.quantize import dequantize_rows, quantize_rows
 from evdb.kernels.cpu.stamp import clear_flags, stamp_gather_pulled, stamp_pushed
 
 __all__ = [

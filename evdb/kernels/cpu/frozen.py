@@ -31,7 +31,8 @@ from evdb.kernels.cpu._common import (
 )
 from evdb.kernels.cpu.bags import _clip_scale, _divisor
 from evdb.kernels.cpu.init import default_row
-from evdb.kernels.cpu.lowp import U1_2D, bits_float32, float16_to_float32_bits
+from evdb.kernels.cpu.lowp import U1_2D
+from evdb.kernels.cpu.quantize import dequantize_row, half_at
 from evdb.kernels.reference.lowp import check_bits
 
 __all__ = ["search_gather_combine_dequantized", "search_gather_dequantized"]
@@ -75,35 +76,6 @@ def search_range(directory, table_keys, q, keys, lo, hi, out):  # type: ignore[n
                 prefetch(q, r, col)
             prefetch(q, r, q.shape[1] - 1)
         out[p - lo] = r
-
-
-@lazy_njit(f4(U1_2D, i8, i8), inline="always")
-def half_at(q, r, col):  # type: ignore[no-untyped-def]
-    """The float16 in bytes col, col + 1 of row r of q (little-endian), as float32: exact, in
-    integer operations. lowp.float16_value goes through float64 and a libm ldexp call, twice
-    a row: dequantising 4,096 random rows of 1M (int8, dim 64, one thread) took 175 us with
-    it, 81-91 with this."""
-    h = np.uint16(q[r, col]) | (np.uint16(q[r, col + 1]) << np.uint16(8))
-    return bits_float32(float16_to_float32_bits(h))
-
-
-@lazy_njit(types.void(U1_2D, i8, i8, F4_2D, i8), inline="always")
-def dequantize_row(q, r, bits, out, i):  # type: ignore[no-untyped-def]
-    """out[i] = row r of q dequantised: lowp.dequantize_row's arithmetic (so its bits, and the
-    reference's), its scale and bias read by half_at."""
-    scale = half_at(q, r, 0)
-    bias = half_at(q, r, 2)
-    dim = out.shape[1]
-    if bits == 8:
-        for j in range(dim):
-            out[i, j] = np.float32(q[r, 4 + j]) * scale + bias
-        return
-    for k in range(dim // 2):
-        b = q[r, 4 + k]
-        out[i, 2 * k] = np.float32(b & np.uint8(0x0F)) * scale + bias
-        out[i, 2 * k + 1] = np.float32(b >> np.uint8(4)) * scale + bias
-    if dim % 2:
-        out[i, dim - 1] = np.float32(q[r, 4 + dim // 2] & np.uint8(0x0F)) * scale + bias
 
 
 _SG_ARGS = (I8_2D, I8_2D, U1_2D, i8, I8, F4_2D, I8)

@@ -31,7 +31,8 @@ from evdb.kernels.cpu._common import (
 from evdb.kernels.cpu.bags import _clip_scale, _divisor
 from evdb.kernels.cpu.index import probe_range
 from evdb.kernels.cpu.init import default_row
-from evdb.kernels.cpu.lowp import U1_2D, U2_2D, U4_2D, dequantize_row, widen_row
+from evdb.kernels.cpu.lowp import U1_2D, U2_2D, U4_2D, widen_row
+from evdb.kernels.cpu.quantize import dequantize_row
 from evdb.kernels.cpu.stamp import prefetch_stamp, stamp_pulled_row
 from evdb.kernels.reference.lowp import check_bits, half_format
 
