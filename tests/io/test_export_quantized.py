@@ -218,6 +218,7 @@ def test_the_export_is_read_only_and_verifiable(source, tmp_path) -> None:
 
 
 def test_info_says_the_dtype_and_bytes_a_row(source, tmp_path) -> None:
+    from evdb.kernels.reference.frozen import bucket_count
     from evdb.quantized import info
 
     path, _, _ = source
@@ -227,5 +228,8 @@ def test_info_says_the_dtype_and_bytes_a_row(source, tmp_path) -> None:
     w = got["tables"]["w"]
     assert (w["dim"], w["key_type"], w["rows"]) == (9, "int64", N)
     assert w["stats"]["dtype"] == "int4"
-    assert 8 + 4 + 5 < w["stats"]["tiers"]["dram"]["bytes_per_row"] < 8 + 4 + 5 + 4
+    directory = 8 * (bucket_count(N) + 1) / N  # an int64 start a bucket, 2 rows a bucket
+    assert 4 < directory <= 8 + 8 / N
+    beyond = w["stats"]["tiers"]["dram"]["bytes_per_row"] - (8 + 4 + 5)  # key, scale, bias, codes
+    assert directory < beyond < directory + 4096 / N  # and the header, the sections' padding
     assert w["config"]["initializer"] == {"kind": "normal", "mean": 0.0, "std": 0.5, "seed": 11}

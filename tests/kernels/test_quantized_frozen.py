@@ -28,12 +28,15 @@ def numba_threads(request: pytest.FixtureRequest):  # type: ignore[no-untyped-de
     numba.set_num_threads(before)
 
 
-def frozen_table(rng: np.random.Generator, n: int, dim: int, bits: int):  # type: ignore[no-untyped-def]
+def frozen_table(  # type: ignore[no-untyped-def]
+    rng: np.random.Generator, n: int, dim: int, bits: int, n_buckets: int | None = None
+):
     keys = rng.choice(2**40, n, replace=False).astype(np.int64) - 2**39
     values = (rng.normal(size=(n, dim)) * rng.uniform(0.01, 10, (n, 1))).astype(np.float32)
     q = np.zeros((n, quantized_row_bytes(dim, bits)), np.uint8)
     quantize_rows(values, bits, q)
-    order, directory = ref_frozen.frozen_order(keys, ref_frozen.bucket_count(n))
+    buckets = ref_frozen.bucket_count(n) if n_buckets is None else n_buckets
+    order, directory = ref_frozen.frozen_order(keys, buckets)
     return directory, keys[order], np.ascontiguousarray(q[order])
 
 
@@ -77,6 +80,23 @@ def test_search_gather_equals_the_reference(
     np.testing.assert_array_equal(rows[1], rows[0])
     np.testing.assert_array_equal(out[1].view(np.uint32), out[0].view(np.uint32))
     assert (out[1][rows[1] < 0] == 7.0).all()  # untouched where not found
+
+
+@pytest.mark.parametrize("n_buckets", [2, 64, 1024, 8192])  # 1000 to 0.25 rows a bucket
+def test_any_directory_a_header_names_is_searched_as_the_reference(
+    rng, numba_threads, n_buckets: int
+) -> None:
+    # a snapshot written with another ROWS_PER_BUCKET (8 before this one) opens as it was
+    directory, tk, q = frozen_table(rng, 2000, 5, 8, n_buckets)
+    assert directory.shape[0] - 1 == n_buckets
+    asked = queries(rng, tk, 3000)
+    out = [np.zeros((asked.shape[0], 5), np.float32) for _ in range(2)]
+    rows = [np.empty(asked.shape[0], np.int64) for _ in range(2)]
+    want = ref_frozen.search_gather_dequantized(directory, tk, q, 8, asked, out[0], rows[0])
+    got = cpu_frozen.search_gather_dequantized(directory, tk, q, 8, asked, out[1], rows[1])
+    assert got == want == asked.shape[0] - int(np.isin(asked, tk).sum())
+    np.testing.assert_array_equal(rows[1], rows[0])
+    np.testing.assert_array_equal(out[1].view(np.uint32), out[0].view(np.uint32))
 
 
 @pytest.mark.parametrize("combiner", [0, 1, 2])  # sum, mean, sqrtn

@@ -61,7 +61,7 @@ def search_range(directory, table_keys, q, keys, lo, hi, out):  # type: ignore[n
     for p in range(lo, hi):
         b = out[p - lo]
         first, end = directory[b, 0], directory[b + 1, 0]
-        if first < end:  # a bucket's keys (8 on average) may span two lines: fetch both
+        if first < end:  # a bucket's keys may span two lines: fetch both
             prefetch(table_keys, first, 0)
             prefetch(table_keys, end - 1, 0)
     for p in range(lo, hi):
