@@ -66,16 +66,22 @@ _PG_ARGS = (I8_2D, U1_2D, U2_2D, i8, I8, I8, i8, F4_2D, U4_2D, I8)
 def _pg_chunk(c, slots, q, half, fmt, last_step, keys, min_live_step, out, out_bits, out_rows):  # type: ignore[no-untyped-def]
     lo = c * GATHER_CHUNK
     hi = min(lo + GATHER_CHUNK, keys.shape[0])
+    # A loop over the rows for each kind: with both conversions in one loop (load_row) a
+    # half-precision lookup took 54 ns a key against 15 this way and float32's 18 (256 keys of
+    # 200k rows, dim 64, one thread): LLVM no longer vectorised the widening.
     if fmt >= 4:  # the rows' array only says which lines to prefetch
         probe_range(slots, q, last_step, keys, lo, hi, min_live_step, out_rows[lo:hi])
+        for i in range(lo, hi):
+            if out_rows[i] >= 0:
+                dequantize_row(q, out_rows[i], fmt, out, i)
     else:
         probe_range(slots, half, last_step, keys, lo, hi, min_live_step, out_rows[lo:hi])
+        for i in range(lo, hi):
+            if out_rows[i] >= 0:
+                widen_row(half, out_rows[i], fmt, out_bits, i)
     missing = 0
     for i in range(lo, hi):
-        if out_rows[i] >= 0:
-            load_row(q, half, fmt, out_rows[i], out, out_bits, i)
-        else:
-            missing += 1
+        missing += out_rows[i] < 0
     return missing
 
 
