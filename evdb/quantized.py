@@ -16,7 +16,7 @@ A lookup finds each key through the directory and dequantises its row into the f
 answer in one kernel (bags: one fused find + dequantise + combine); a key without a row
 reads its default value, as it does in a float32 serving export (its initializer's value,
 or the table's constant). A row costs its key (8 bytes), its codes and scale and bias (int8
-at dim 64: 68; int4: 36), and about a byte of directory: 77 and 45 bytes at dim 64.
+at dim 64: 68; int4: 36), and 4-8 bytes of directory: 80 and 48 bytes at dim 64.
 """
 
 from __future__ import annotations

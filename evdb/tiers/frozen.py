@@ -14,8 +14,8 @@ The header holds the layout (``rows``, ``dim``, ``dtype``, ``buckets``, ``stride
 caller adds (``meta``). Opening checks the magic, the header and the size (a truncated file
 is refused), the directory's shape, and the checksum unless ``verify=False``; the memory
 map is copy-on-write, so nothing can change the file (the kernels take writable arrays, and
-none writes). The rows cost ``8 + stride`` bytes each plus about 1 for the directory:
-int8 at dim 64, 77 bytes; int4, 45.
+none writes). The rows cost ``8 + stride`` bytes each plus 4-8 for the directory (2 rows a
+bucket): int8 at dim 64, 80 bytes; int4, 48.
 
 This module owns the memory, so it runs the kernels on it (``kernels``: "cpu" or
 "reference"), as a cache tier does.
