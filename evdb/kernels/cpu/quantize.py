@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 from numba import prange, types
 
-from evdb.errors import InvalidArgumentError
 from evdb.kernels.cpu._common import F4_2D, I8, PARALLEL_MIN_KEYS, f4, i8, lazy_njit
 from evdb.kernels.cpu.lowp import (
     U1_2D,
@@ -17,7 +16,12 @@ from evdb.kernels.cpu.lowp import (
     float16_to_float32_bits,
     float16_value,
 )
-from evdb.kernels.reference.lowp import FLOAT16_MAX, check_bits, quantized_row_bytes
+from evdb.kernels.reference.lowp import (
+    FLOAT16_MAX,
+    check_bits,
+    check_quantize_args,
+    unquantizable_row_error,
+)
 
 __all__ = ["dequantize_row", "dequantize_rows", "half_at", "quantize_rows"]
 
@@ -79,18 +83,11 @@ def _quantize_rows(values, bits, out):  # type: ignore[no-untyped-def]
 def quantize_rows(values, bits, out) -> None:  # type: ignore[no-untyped-def]
     """Quantise float32 rows row-wise (see reference.lowp.quantize_rows); raises before
     writing when bits, out's shape or a value is invalid."""
-    check_bits(bits)
     n, dim = values.shape
-    need = quantized_row_bytes(dim, bits)
-    if out.shape[0] != n or out.shape[1] < need:
-        raise InvalidArgumentError(
-            f"out: expected ({n}, >= {need}) uint8 for dim {dim} at {bits} bits, got {out.shape}"
-        )
+    check_quantize_args(n, dim, bits, out.shape)
     bad = int(_first_unquantizable_row(values))
     if bad >= 0:
-        raise InvalidArgumentError(
-            f"values: row {bad} has a value that is not finite or beyond float16's +-{FLOAT16_MAX}"
-        )
+        raise unquantizable_row_error(bad)
     _quantize_rows(values, bits, out)
 
 

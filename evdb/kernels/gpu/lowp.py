@@ -26,7 +26,12 @@ from evdb.kernels.gpu.runtime import (
     launch,
     u64,
 )
-from evdb.kernels.reference.lowp import FLOAT16_MAX, check_bits, quantized_row_bytes
+from evdb.kernels.reference.lowp import (
+    FLOAT16_MAX,
+    check_bits,
+    check_quantize_args,
+    unquantizable_row_error,
+)
 from evdb.kernels.reference.lowp_optim import check_lowp_kind, check_row_keys, has_half_slots
 
 __all__ = [
@@ -78,20 +83,12 @@ def quantize_rows(values: Any, bits: int, out: Any) -> None:
     """Quantise float32 rows row-wise (see reference.lowp.quantize_rows); raises before
     writing when bits, out's shape or a value is invalid."""
     cp = cupy_module()
-    check_bits(bits)
     n, dim = check_array("values", values, np.float32, 2).shape
     check_array("out", out, np.uint8, 2)
-    need = quantized_row_bytes(dim, bits)
-    if out.shape[0] != n or out.shape[1] < need:
-        raise InvalidArgumentError(
-            f"out: expected ({n}, >= {need}) uint8 for dim {dim} at {bits} bits, got {out.shape}"
-        )
+    check_quantize_args(n, dim, bits, out.shape)
     ok = (cp.abs(values) <= FLOAT16_MAX).all(axis=1)  # NaN compares False
     if n and not bool(ok.all()):
-        bad = int(cp.argmin(ok))
-        raise InvalidArgumentError(
-            f"values: row {bad} has a value that is not finite or beyond float16's +-{FLOAT16_MAX}"
-        )
+        raise unquantizable_row_error(int(cp.argmin(ok)))
     args = (values, i64(n), i64(dim), i32(bits), out, i64(out.shape[1]))
     launch(cuda_kernel("lowp", "quantize_rows"), n, args)
 

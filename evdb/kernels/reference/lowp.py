@@ -260,6 +260,24 @@ def _f16_down(bits: np.ndarray) -> np.ndarray:
     return np.where(zero, 0x8001, np.where(neg, bits + 1, bits - 1)).astype(np.uint16)
 
 
+def check_quantize_args(n: int, dim: int, bits: int, out_shape: tuple[int, ...]) -> None:
+    """InvalidArgumentError unless bits is 8 or 4 and out (out_shape) holds n rows of dim
+    columns quantised to bits (every implementation's quantize_rows checks this first)."""
+    check_bits(bits)
+    need = quantized_row_bytes(dim, bits)
+    if out_shape[0] != n or out_shape[1] < need:
+        raise InvalidArgumentError(
+            f"out: expected ({n}, >= {need}) uint8 for dim {dim} at {bits} bits, got {out_shape}"
+        )
+
+
+def unquantizable_row_error(row: int) -> InvalidArgumentError:
+    """The error for the first row holding a value that is not finite or beyond float16's."""
+    return InvalidArgumentError(
+        f"values: row {row} has a value that is not finite or beyond float16's +-{FLOAT16_MAX}"
+    )
+
+
 def quantize_rows(values: np.ndarray, bits: int, out: np.ndarray) -> None:
     """Quantise float32 rows (n, dim) into out (n, stride) uint8 in the module's layout.
 
@@ -270,19 +288,11 @@ def quantize_rows(values: np.ndarray, bits: int, out: np.ndarray) -> None:
         a value that is not finite or exceeds float16's range (the first such row is named);
         out is then unchanged.
     """
-    check_bits(bits)
     n, dim = values.shape
-    need = quantized_row_bytes(dim, bits)
-    if out.shape[0] != n or out.shape[1] < need:
-        raise InvalidArgumentError(
-            f"out: expected ({n}, >= {need}) uint8 for dim {dim} at {bits} bits, got {out.shape}"
-        )
+    check_quantize_args(n, dim, bits, out.shape)
     bad = ~(np.isfinite(values) & (np.abs(values) <= FLOAT16_MAX)).all(axis=1)
     if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise InvalidArgumentError(
-            f"values: row {r} has a value that is not finite or beyond float16's +-{FLOAT16_MAX}"
-        )
+        raise unquantizable_row_error(int(np.flatnonzero(bad)[0]))
     levels = (1 << bits) - 1
     x = values.astype(np.float64)
     lo = (x.min(axis=1) if dim else np.zeros(n)) + 0.0  # + 0.0: -0.0 is stored as +0.0
